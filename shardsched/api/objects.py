@@ -1,0 +1,437 @@
+"""PodInfo and NodeInfo: the scheduling-relevant view of Pod and Node objects.
+
+Both are built from plain dicts (YAML/JSON, camelCase keys) or from the kubernetes client's models
+(converted with ``ApiClient.sanitize_for_serialization``). Every field is validated once here, so the
+plugins never meet a malformed object: a bad field raises `InvalidObjectError` naming its path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from shardsched.api.quantity import PODS, parse_resource_list
+from shardsched.api.requests import nonzero_requests, pod_requests
+from shardsched.errors import InvalidObjectError
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+#: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass
+#: NodeUnschedulable (as kube-scheduler's NodeUnschedulable plugin).
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+
+
+def as_dict(obj: Any) -> dict:
+    """A Kubernetes object as a plain dict with camelCase keys.
+
+    Accepts a dict (returned as is) or a kubernetes client model (``V1Pod``, ``V1Node``, ...).
+
+    Raises:
+        InvalidObjectError: anything else.
+    """
+    if isinstance(obj, Mapping):
+        return obj  # type: ignore[return-value]
+    if hasattr(obj, "openapi_types") and hasattr(obj, "attribute_map"):
+        from kubernetes.client import ApiClient  # only for client models
+
+        return ApiClient().sanitize_for_serialization(obj)
+    raise InvalidObjectError(f"expected a Kubernetes object, got {type(obj).__name__}")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise InvalidObjectError("metadata is missing", "metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidObjectError("metadata.name is missing", "metadata.name")
+    return meta
+
+
+def _str_map(value: Any, path: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidObjectError("expected a map of strings", path)
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str):
+            raise InvalidObjectError(f"key {k!r} is not a string", path)
+        if isinstance(v, bool) or v is None or not isinstance(v, (str, int, float)):
+            raise InvalidObjectError(f"value of {k!r} is not a string", f"{path}.{k}")
+        out[k] = str(v)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint: key, value, effect (NoSchedule, PreferNoSchedule or NoExecute)."""
+
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration. ``operator`` is Equal or Exists; empty key with Exists matches every key."""
+
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Upstream ``Toleration.ToleratesTaint``: effect (when set) and key (when set) must match;
+        Exists matches any value, Equal needs the same value."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPort:
+    """A host port a pod asks for: (hostIP, protocol, hostPort); empty IP is 0.0.0.0, empty protocol TCP."""
+
+    host_ip: str
+    protocol: str
+    port: int
+
+    def conflicts(self, other: "ContainerPort") -> bool:
+        """Same protocol and port, and the IPs overlap (0.0.0.0 overlaps every IP), as kube's HostPortInfo."""
+        if self.port != other.port or self.protocol != other.protocol:
+            return False
+        return self.host_ip == other.host_ip or "0.0.0.0" in (self.host_ip, other.host_ip)
+
+
+# A node selector requirement, normalized: (key, operator, values) with values a sorted tuple.
+Requirement = tuple[str, str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    """One NodeSelectorTerm: all expressions (labels) and fields (metadata.name) must match.
+    An empty term matches no node (as upstream)."""
+
+    match_expressions: tuple[Requirement, ...] = ()
+    match_fields: tuple[Requirement, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_expressions and not self.match_fields
+
+
+def _requirements(items: Any, path: str, fields: bool) -> tuple[Requirement, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("expected a list of requirements", path)
+    out = []
+    for i, r in enumerate(items):
+        p = f"{path}[{i}]"
+        if not isinstance(r, Mapping):
+            raise InvalidObjectError("requirement must be an object", p)
+        key, op = r.get("key"), r.get("operator")
+        if not isinstance(key, str) or not key:
+            raise InvalidObjectError("key is missing", f"{p}.key")
+        if op not in SELECTOR_OPERATORS:
+            raise InvalidObjectError(f"operator {op!r} is not one of {', '.join(SELECTOR_OPERATORS)}", f"{p}.operator")
+        values = r.get("values") or []
+        if not isinstance(values, list):
+            raise InvalidObjectError("values must be a list", f"{p}.values")
+        values = tuple(sorted(str(v) for v in values))
+        if op in ("In", "NotIn") and not values:
+            raise InvalidObjectError(f"{op} needs at least one value", f"{p}.values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise InvalidObjectError(f"{op} takes no values", f"{p}.values")
+        if op in ("Gt", "Lt"):
+            if len(values) != 1:
+                raise InvalidObjectError(f"{op} needs exactly one value", f"{p}.values")
+            try:
+                int(values[0])
+            except ValueError:
+                raise InvalidObjectError(f"{op} value {values[0]!r} is not an integer", f"{p}.values") from None
+        if fields:
+            if key != "metadata.name":
+                raise InvalidObjectError(f"field {key!r} is not supported (only metadata.name)", f"{p}.key")
+            if op not in ("In", "NotIn"):
+                raise InvalidObjectError(f"operator {op} is not allowed on fields (In, NotIn)", f"{p}.operator")
+        out.append((key, op, values))
+    return tuple(out)
+
+
+def _term(obj: Any, path: str) -> SelectorTerm:
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError("term must be an object", path)
+    return SelectorTerm(
+        _requirements(obj.get("matchExpressions"), f"{path}.matchExpressions", fields=False),
+        _requirements(obj.get("matchFields"), f"{path}.matchFields", fields=True),
+    )
+
+
+def _ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    out = []
+    for i, c in enumerate(spec.get("containers") or []):
+        for j, p in enumerate((c or {}).get("ports") or []):
+            path = f"spec.containers[{i}].ports[{j}]"
+            if not isinstance(p, Mapping):
+                raise InvalidObjectError("port must be an object", path)
+            hp = p.get("hostPort") or 0
+            if isinstance(hp, bool) or not isinstance(hp, int) or not 0 <= hp <= 65535:
+                raise InvalidObjectError(f"hostPort {hp!r} is not a port number", f"{path}.hostPort")
+            if hp <= 0:
+                continue
+            proto = p.get("protocol") or "TCP"
+            if proto not in ("TCP", "UDP", "SCTP"):
+                raise InvalidObjectError(f"protocol {proto!r} is not TCP, UDP or SCTP", f"{path}.protocol")
+            out.append(ContainerPort(str(p.get("hostIP") or "0.0.0.0"), proto, hp))
+    return tuple(out)
+
+
+def _tolerations(items: Any) -> tuple[Toleration, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("tolerations must be a list", "spec.tolerations")
+    out = []
+    for i, t in enumerate(items):
+        p = f"spec.tolerations[{i}]"
+        if not isinstance(t, Mapping):
+            raise InvalidObjectError("toleration must be an object", p)
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise InvalidObjectError(f"operator {op!r} is not Equal or Exists", f"{p}.operator")
+        key = str(t.get("key") or "")
+        if not key and op != "Exists":
+            raise InvalidObjectError("an empty key needs operator Exists", f"{p}.operator")
+        effect = t.get("effect") or ""
+        if effect and effect not in TAINT_EFFECTS:
+            raise InvalidObjectError(f"effect {effect!r} is not one of {', '.join(TAINT_EFFECTS)}", f"{p}.effect")
+        value = "" if t.get("value") is None else str(t.get("value"))
+        out.append(Toleration(key, op, value, effect))
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """Scheduling view of a Pod (kube's ``PodInfo``), all units canonical.
+
+    Attributes:
+        requests: effective requests for filtering and accounting (`pod_requests`), including
+            ``pods: 1``.
+        nonzero_cpu_milli / nonzero_memory_bytes: requests for scoring (kube's non-zero defaults).
+        signature: hash of everything that decides where the pod can go and how nodes score for it;
+            pods with the same signature share cached Filter/Score results.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    scheduler_name: str
+    node_name: str
+    phase: str
+    deleting: bool
+    requests: dict[str, int]
+    nonzero_cpu_milli: int
+    nonzero_memory_bytes: int
+    node_selector: dict[str, str]
+    required_terms: tuple[SelectorTerm, ...] | None
+    preferred_terms: tuple[tuple[int, SelectorTerm], ...]
+    tolerations: tuple[Toleration, ...]
+    host_ports: tuple[ContainerPort, ...]
+    labels: dict[str, str]
+    creation_timestamp: str
+    signature: str = ""
+    obj: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, the key kube uses in queues and caches."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.node_name)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def counts_on_node(self) -> bool:
+        """True if this pod uses its node's resources: bound and not Succeeded/Failed."""
+        return self.bound and not self.terminal
+
+    @classmethod
+    def from_object(cls, obj: Any, priority_classes: Mapping[str, int] | None = None,
+                    default_priority: int = 0) -> "PodInfo":
+        """Build from a Pod dict or client model.
+
+        Args:
+            priority_classes: PriorityClass name -> value, used when ``spec.priority`` is unset and
+                ``spec.priorityClassName`` is set (as the Priority admission plugin does).
+            default_priority: priority of a pod with neither (a globalDefault PriorityClass, or 0).
+
+        Raises:
+            InvalidObjectError: a field is malformed (with its path), the pod has no containers, or
+                its priorityClassName names no known PriorityClass.
+        """
+        obj = as_dict(obj)
+        meta = _meta(obj)
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            raise InvalidObjectError("spec is missing", "spec")
+        containers = spec.get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise InvalidObjectError("a pod needs at least one container", "spec.containers")
+        requests = pod_requests(obj)
+        requests = {k: v for k, v in requests.items() if v > 0}
+        requests[PODS] = 1
+        nz_cpu, nz_mem = nonzero_requests(obj)
+
+        prio = spec.get("priority")
+        if prio is None:
+            pcn = spec.get("priorityClassName")
+            if pcn:
+                if priority_classes is None or pcn not in priority_classes:
+                    raise InvalidObjectError(f"no PriorityClass with name {pcn!r} was found", "spec.priorityClassName")
+                prio = priority_classes[pcn]
+            else:
+                prio = default_priority
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise InvalidObjectError(f"priority {prio!r} is not an integer", "spec.priority")
+
+        node_selector = _str_map(spec.get("nodeSelector"), "spec.nodeSelector")
+        required = None
+        preferred: list[tuple[int, SelectorTerm]] = []
+        na = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
+        if not isinstance(na, Mapping):
+            raise InvalidObjectError("nodeAffinity must be an object", "spec.affinity.nodeAffinity")
+        req = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if req is not None:
+            base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            terms = (req or {}).get("nodeSelectorTerms") or []
+            if not isinstance(terms, list):
+                raise InvalidObjectError("nodeSelectorTerms must be a list", f"{base}.nodeSelectorTerms")
+            required = tuple(_term(t, f"{base}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
+        pref = na.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+        if not isinstance(pref, list):
+            raise InvalidObjectError("must be a list", base)
+        for i, p in enumerate(pref):
+            w = (p or {}).get("weight")
+            if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+                raise InvalidObjectError(f"weight {w!r} must be an integer in 1..100", f"{base}[{i}].weight")
+            preferred.append((w, _term((p or {}).get("preference"), f"{base}[{i}].preference")))
+
+        info = cls(
+            uid=str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta['name']}"),
+            namespace=str(meta.get("namespace") or "default"),
+            name=meta["name"],
+            priority=prio,
+            scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+            node_name=str(spec.get("nodeName") or ""),
+            phase=str((obj.get("status") or {}).get("phase") or "Pending"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            requests=requests,
+            nonzero_cpu_milli=nz_cpu,
+            nonzero_memory_bytes=nz_mem,
+            node_selector=node_selector,
+            required_terms=required,
+            preferred_terms=tuple(preferred),
+            tolerations=_tolerations(spec.get("tolerations")),
+            host_ports=_ports(spec),
+            labels=_str_map(meta.get("labels"), "metadata.labels"),
+            creation_timestamp=str(meta.get("creationTimestamp") or ""),
+            obj=obj,
+        )
+        info.signature = info.compute_signature()
+        return info
+
+    def compute_signature(self) -> str:
+        """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports."""
+        parts = (
+            sorted(self.requests.items()),
+            self.nonzero_cpu_milli,
+            self.nonzero_memory_bytes,
+            sorted(self.node_selector.items()),
+            None if self.required_terms is None else [(t.match_expressions, t.match_fields) for t in self.required_terms],
+            [(w, t.match_expressions, t.match_fields) for w, t in self.preferred_terms],
+            sorted((t.key, t.operator, t.value, t.effect) for t in self.tolerations),
+            sorted((p.host_ip, p.protocol, p.port) for p in self.host_ports),
+            self.scheduler_name,
+        )
+        return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
+
+    def static_signature(self) -> str:
+        """Signature of the parts that depend only on static node attributes (labels, taints, cordon)."""
+        parts = (
+            sorted(self.node_selector.items()),
+            None if self.required_terms is None else [(t.match_expressions, t.match_fields) for t in self.required_terms],
+            [(w, t.match_expressions, t.match_fields) for w, t in self.preferred_terms],
+            sorted((t.key, t.operator, t.value, t.effect) for t in self.tolerations),
+        )
+        return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """Scheduling view of a Node (the static part of kube's ``NodeInfo``; usage lives in the NodeTable).
+
+    Attributes:
+        allocatable: ``status.allocatable`` in canonical units (``capacity`` is ignored, as upstream);
+            a resource the node does not list counts as 0.
+    """
+
+    name: str
+    uid: str
+    labels: dict[str, str]
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+    allocatable: dict[str, int]
+    obj: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: Any) -> "NodeInfo":
+        """Build from a Node dict or client model.
+
+        Raises:
+            InvalidObjectError: a malformed field, with its path. A node without
+                ``status.allocatable`` is valid and has 0 of everything (no pod fits on it).
+        """
+        obj = as_dict(obj)
+        meta = _meta(obj)
+        spec = obj.get("spec") or {}
+        if not isinstance(spec, Mapping):
+            raise InvalidObjectError("spec must be an object", "spec")
+        taints = []
+        for i, t in enumerate(spec.get("taints") or []):
+            p = f"spec.taints[{i}]"
+            if not isinstance(t, Mapping) or not t.get("key"):
+                raise InvalidObjectError("taint needs a key", f"{p}.key")
+            if t.get("effect") not in TAINT_EFFECTS:
+                raise InvalidObjectError(f"effect {t.get('effect')!r} is not one of {', '.join(TAINT_EFFECTS)}", f"{p}.effect")
+            taints.append(Taint(str(t["key"]), "" if t.get("value") is None else str(t["value"]), t["effect"]))
+        status = obj.get("status") or {}
+        if not isinstance(status, Mapping):
+            raise InvalidObjectError("status must be an object", "status")
+        allocatable = parse_resource_list(status.get("allocatable"), "status.allocatable")
+        return cls(
+            name=meta["name"],
+            uid=str(meta.get("uid") or meta["name"]),
+            labels=_str_map(meta.get("labels"), "metadata.labels"),
+            taints=tuple(taints),
+            unschedulable=bool(spec.get("unschedulable")),
+            allocatable=allocatable,
+            obj=obj,
+        )

@@ -1,0 +1,95 @@
+"""Kubernetes quantities in canonical integer units.
+
+Parsing is done by the kubernetes client's ``parse_quantity``; this module only decides the unit of
+each resource and rounds up the way ``resource.Quantity.MilliValue()`` / ``Value()`` do:
+
+- ``cpu``: millicores (``"0.5"`` -> 500, ``"1m"`` -> 1, ``"0.1m"`` -> 1);
+- ``memory``, ``ephemeral-storage``, ``hugepages-*``: bytes (``"500m"`` memory -> 1, rounded up);
+- everything else (``pods``, ``nvidia.com/gpu``, ...): a count (rounded up).
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any, Mapping
+
+from kubernetes.utils import parse_quantity
+
+from shardsched.errors import InvalidObjectError
+
+CPU = "cpu"
+MEMORY = "memory"
+EPHEMERAL_STORAGE = "ephemeral-storage"
+PODS = "pods"
+
+#: Largest canonical value accepted (2**62): beyond it a quantity is certainly a mistake, and int64
+#: columns in the NodeTable and Redis counters must never overflow when a few are added up.
+MAX_CANONICAL = 2**62
+
+
+def is_byte_resource(name: str) -> bool:
+    """True for resources counted in bytes: memory, ephemeral-storage and hugepages-<size>."""
+    return name in (MEMORY, EPHEMERAL_STORAGE) or name.startswith("hugepages-")
+
+
+def canonical_quantity(name: str, value: Any, path: str = "") -> int:
+    """Parse one quantity of resource ``name`` into its canonical integer unit.
+
+    Args:
+        name: resource name (``cpu``, ``memory``, ``nvidia.com/gpu``, ...).
+        value: a Kubernetes quantity string (``"500m"``, ``"1Gi"``, ``"1e3"``) or a number.
+        path: field path used in error messages.
+
+    Returns:
+        millicores for ``cpu``; bytes for memory-like resources; a count otherwise; always rounded
+        up (as kube's ``MilliValue``/``Value``).
+
+    Raises:
+        InvalidObjectError: the quantity is malformed, negative, or larger than 2**62 units.
+    """
+    if isinstance(value, bool) or value is None:
+        raise InvalidObjectError(f"invalid quantity {value!r} for {name}", path)
+    try:
+        q: Decimal = parse_quantity(value if isinstance(value, str) else str(value))
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise InvalidObjectError(f"invalid quantity {value!r} for {name}: {e}", path) from None
+    if q.is_nan() or q.is_infinite():
+        raise InvalidObjectError(f"invalid quantity {value!r} for {name}", path)
+    if q < 0:
+        raise InvalidObjectError(f"negative quantity {value!r} for {name}", path)
+    scaled = q * 1000 if name == CPU else q
+    result = math.ceil(scaled)
+    if result > MAX_CANONICAL:
+        raise InvalidObjectError(f"quantity {value!r} for {name} is too large", path)
+    return int(result)
+
+
+def parse_resource_list(obj: Mapping[str, Any] | None, path: str = "") -> dict[str, int]:
+    """Parse a ResourceList (``{"cpu": "500m", "memory": "1Gi"}``) into canonical integers.
+
+    Raises:
+        InvalidObjectError: the list is not a mapping, or one of its quantities is invalid; the path
+            names the entry (``<path>.cpu``).
+    """
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError(f"expected a map of resource quantities, got {type(obj).__name__}", path)
+    out: dict[str, int] = {}
+    for key, value in obj.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidObjectError(f"invalid resource name {key!r}", path)
+        out[key] = canonical_quantity(key, value, f"{path}.{key}" if path else key)
+    return out
+
+
+def format_quantity(name: str, value: int) -> str:
+    """Inverse of `canonical_quantity` for display: ``cpu`` 1500 -> ``"1500m"``, memory -> ``"1Gi"``."""
+    if name == CPU:
+        return f"{value // 1000}" if value % 1000 == 0 else f"{value}m"
+    if is_byte_resource(name):
+        for suffix, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if value >= factor and value % factor == 0:
+                return f"{value // factor}{suffix}"
+    return str(value)

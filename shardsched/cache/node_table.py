@@ -1,0 +1,325 @@
+"""NodeTable: kube's scheduler cache (NodeInfo per node) as numpy columns, one slot per node.
+
+Resource usage is kept as int64 matrices of shape (n_resources, capacity) in canonical units, so a
+Filter or Score plugin looks at one contiguous row per resource for all nodes at once. Static node
+attributes (labels, taints, cordon) are indexed for vectorized matching: one int32 code column per
+label key, one taint-set id per node.
+
+Two counters let callers cache per-signature results:
+- ``static_generation`` changes whenever labels, taints, cordon or the set of nodes change;
+- ``change_log`` lists the slots whose usage changed (pod added/removed); a cache that remembers
+  ``log_position()`` can recompute just those slots. ``log_base`` moves when the log is trimmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from shardsched.api.objects import ContainerPort, NodeInfo, PodInfo, Taint
+from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+
+_INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
+_LOG_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    """What one pod takes from its node: requests (canonical units, incl. ``pods: 1``), the
+    scoring requests for cpu/memory, and host ports."""
+
+    uid: str
+    key: str
+    requests: Mapping[str, int]
+    nonzero_cpu_milli: int
+    nonzero_memory_bytes: int
+    host_ports: tuple[ContainerPort, ...] = ()
+
+    @classmethod
+    def of(cls, pod: PodInfo) -> "PodUsage":
+        return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports)
+
+
+class NodeTable:
+    """Column store of nodes and their usage (see module docstring).
+
+    Slots of removed nodes are kept with ``valid[slot] = False`` and reused by later adds.
+    Not thread-safe: one owner (a shard, or the simulate command) mutates it.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = max(8, capacity)
+        self.n = 0  # high-water mark of used slots
+        self.names: list[str | None] = []
+        self.index: dict[str, int] = {}
+        self.nodes: list[NodeInfo | None] = []
+        self._free_slots: list[int] = []
+        self.resources: list[str] = list(_INITIAL_RESOURCES)
+        self.res_index: dict[str, int] = {r: i for i, r in enumerate(self.resources)}
+        self.alloc = np.zeros((len(self.resources), self.capacity), np.int64)
+        self.requested = np.zeros((len(self.resources), self.capacity), np.int64)
+        #: scoring usage: row 0 cpu millicores, row 1 memory bytes (kube's NonZeroRequested)
+        self.nonzero_requested = np.zeros((2, self.capacity), np.int64)
+        self.valid = np.zeros(self.capacity, bool)
+        self.unschedulable = np.zeros(self.capacity, bool)
+        self.label_codes: dict[str, np.ndarray] = {}
+        self.label_vocab: dict[str, dict[str, int]] = {}
+        self.taint_set_id = np.zeros(self.capacity, np.int32)
+        self.taint_sets: list[tuple[Taint, ...]] = [()]
+        self._taint_set_index: dict[tuple[Taint, ...], int] = {(): 0}
+        #: slot -> host ports in use by the pods on that node (only nodes with any)
+        self.used_ports: dict[int, list[ContainerPort]] = {}
+        self.pods: list[dict[str, PodUsage]] = []
+        self.pod_slot: dict[str, int] = {}
+        #: pods bound to a node the table has not seen yet: node name -> {uid: usage}
+        self.orphans: dict[str, dict[str, PodUsage]] = {}
+        self.static_generation = 0
+        self.change_log: list[int] = []
+        self.log_base = 0
+
+    # ------------------------------------------------------------------ sizing
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        cap = max(need, self.capacity * 2)
+
+        def grow2(a: np.ndarray) -> np.ndarray:
+            out = np.zeros((a.shape[0], cap), a.dtype)
+            out[:, : a.shape[1]] = a
+            return out
+
+        def grow1(a: np.ndarray, fill=0) -> np.ndarray:
+            out = np.full(cap, fill, a.dtype)
+            out[: a.shape[0]] = a
+            return out
+
+        self.alloc, self.requested = grow2(self.alloc), grow2(self.requested)
+        self.nonzero_requested = grow2(self.nonzero_requested)
+        self.valid, self.unschedulable = grow1(self.valid), grow1(self.unschedulable)
+        self.taint_set_id = grow1(self.taint_set_id)
+        for k, col in self.label_codes.items():
+            self.label_codes[k] = grow1(col, -1)
+        self.capacity = cap
+
+    def resource_row(self, name: str) -> int:
+        """Row of resource ``name`` in alloc/requested, adding a zero row for a new resource
+        (a node that does not advertise a resource has 0 of it)."""
+        row = self.res_index.get(name)
+        if row is None:
+            row = len(self.resources)
+            self.resources.append(name)
+            self.res_index[name] = row
+            self.alloc = np.vstack([self.alloc, np.zeros((1, self.capacity), np.int64)])
+            self.requested = np.vstack([self.requested, np.zeros((1, self.capacity), np.int64)])
+        return row
+
+    # ------------------------------------------------------------------ nodes
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes in the table (valid slots)."""
+        return len(self.index)
+
+    def log_position(self) -> int:
+        return self.log_base + len(self.change_log)
+
+    def changed_since(self, position: int) -> np.ndarray | None:
+        """Slots whose usage changed since ``position`` (int array, unique), or None if the log
+        was trimmed past it (the caller must recompute everything)."""
+        if position < self.log_base:
+            return None
+        tail = self.change_log[position - self.log_base:]
+        if not tail:
+            return np.empty(0, np.int64)
+        return np.unique(np.fromiter(tail, np.int64, len(tail)))
+
+    def _touch(self, slot: int) -> None:
+        if len(self.change_log) >= _LOG_LIMIT:
+            self.log_base += len(self.change_log)
+            self.change_log.clear()
+        self.change_log.append(slot)
+
+    def _label_column(self, key: str) -> np.ndarray:
+        col = self.label_codes.get(key)
+        if col is None:
+            col = np.full(self.capacity, -1, np.int32)
+            self.label_codes[key] = col
+            self.label_vocab[key] = {}
+        return col
+
+    def label_code(self, key: str, value: str) -> int:
+        """Code of ``value`` in the column of label ``key`` (-2 if no node has that value: matches none)."""
+        return self.label_vocab.get(key, {}).get(value, -2)
+
+    def _set_static(self, slot: int, node: NodeInfo) -> None:
+        for key, col in self.label_codes.items():
+            col[slot] = -1
+        for key, value in node.labels.items():
+            col = self._label_column(key)
+            vocab = self.label_vocab[key]
+            code = vocab.get(value)
+            if code is None:
+                code = len(vocab)
+                vocab[value] = code
+            col[slot] = code
+        ts = tuple(sorted(node.taints, key=lambda t: (t.key, t.value, t.effect)))
+        tid = self._taint_set_index.get(ts)
+        if tid is None:
+            tid = len(self.taint_sets)
+            self.taint_sets.append(ts)
+            self._taint_set_index[ts] = tid
+        self.taint_set_id[slot] = tid
+        self.unschedulable[slot] = node.unschedulable
+        for r in range(len(self.resources)):
+            self.alloc[r, slot] = 0
+        for name, value in node.allocatable.items():
+            self.alloc[self.resource_row(name), slot] = value
+        self.static_generation += 1
+
+    def add_node(self, node: NodeInfo) -> int:
+        """Add a node, or update it if a node of that name exists. Returns its slot.
+
+        Pods already recorded as bound to this name (seen before the node) are counted on it.
+        """
+        slot = self.index.get(node.name)
+        if slot is not None:
+            self.nodes[slot] = node
+            self._set_static(slot, node)
+            self._touch(slot)
+            return slot
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            slot = self.n
+            self._grow(slot + 1)
+            self.n += 1
+            self.names.append(None)
+            self.nodes.append(None)
+            self.pods.append({})
+        self.names[slot] = node.name
+        self.nodes[slot] = node
+        self.index[node.name] = slot
+        self.valid[slot] = True
+        self.requested[:, slot] = 0
+        self.nonzero_requested[:, slot] = 0
+        self.pods[slot] = {}
+        self.used_ports.pop(slot, None)
+        self._set_static(slot, node)
+        self._touch(slot)
+        for usage in self.orphans.pop(node.name, {}).values():
+            self._add_usage(slot, usage)
+        return slot
+
+    def add_nodes(self, nodes: Iterable[NodeInfo]) -> None:
+        """Add many nodes (same as calling `add_node` for each)."""
+        nodes = list(nodes)
+        self._grow(self.n + len(nodes))
+        for node in nodes:
+            self.add_node(node)
+
+    def remove_node(self, name: str) -> list[PodUsage]:
+        """Remove a node; returns the pods that were counted on it (they are forgotten). No-op if absent."""
+        slot = self.index.pop(name, None)
+        if slot is None:
+            return []
+        usages = list(self.pods[slot].values())
+        for u in usages:
+            self.pod_slot.pop(u.uid, None)
+        self.pods[slot] = {}
+        self.names[slot] = None
+        self.nodes[slot] = None
+        self.valid[slot] = False
+        self.requested[:, slot] = 0
+        self.nonzero_requested[:, slot] = 0
+        self.used_ports.pop(slot, None)
+        self._free_slots.append(slot)
+        self.static_generation += 1
+        self._touch(slot)
+        return usages
+
+    def set_unschedulable(self, name: str, value: bool) -> None:
+        """Cordon (True) or uncordon a node. Raises KeyError if absent."""
+        slot = self.index[name]
+        node = self.nodes[slot]
+        if node is not None:
+            node.unschedulable = value
+        self.unschedulable[slot] = value
+        self.static_generation += 1
+
+    # ------------------------------------------------------------------ pods
+    def _add_usage(self, slot: int, u: PodUsage) -> None:
+        for name, value in u.requests.items():
+            self.requested[self.resource_row(name), slot] += value
+        self.nonzero_requested[0, slot] += u.nonzero_cpu_milli
+        self.nonzero_requested[1, slot] += u.nonzero_memory_bytes
+        if u.host_ports:
+            self.used_ports.setdefault(slot, []).extend(u.host_ports)
+        self.pods[slot][u.uid] = u
+        self.pod_slot[u.uid] = slot
+        self._touch(slot)
+
+    def add_pod(self, usage: PodUsage, node_name: str) -> bool:
+        """Count a pod on a node (kube's AssumePod / AddPod). Idempotent by pod uid.
+
+        Returns:
+            True if the pod is now counted on ``node_name``; False if the node is unknown (the pod
+            is kept as an orphan and counted when the node is added).
+        """
+        if usage.uid in self.pod_slot:
+            if self.names[self.pod_slot[usage.uid]] == node_name:
+                return True
+            self.remove_pod(usage.uid)
+        slot = self.index.get(node_name)
+        if slot is None:
+            self.orphans.setdefault(node_name, {})[usage.uid] = usage
+            return False
+        self._add_usage(slot, usage)
+        return True
+
+    def remove_pod(self, uid: str) -> PodUsage | None:
+        """Stop counting a pod (kube's ForgetPod / RemovePod). Safe to call for unknown pods."""
+        slot = self.pod_slot.pop(uid, None)
+        if slot is None:
+            for pods in self.orphans.values():
+                if uid in pods:
+                    return pods.pop(uid)
+            return None
+        u = self.pods[slot].pop(uid)
+        for name, value in u.requests.items():
+            self.requested[self.res_index[name], slot] -= value
+        self.nonzero_requested[0, slot] -= u.nonzero_cpu_milli
+        self.nonzero_requested[1, slot] -= u.nonzero_memory_bytes
+        if u.host_ports:
+            ports = self.used_ports.get(slot, [])
+            for p in u.host_ports:
+                ports.remove(p)
+            if not ports:
+                self.used_ports.pop(slot, None)
+        self._touch(slot)
+        return u
+
+    def node_of(self, uid: str) -> str | None:
+        """Name of the node a pod is counted on, or None."""
+        slot = self.pod_slot.get(uid)
+        return None if slot is None else self.names[slot]
+
+    # ------------------------------------------------------------------ reads
+    def allocatable_of(self, name: str) -> dict[str, int]:
+        """Allocatable of a node in canonical units (only resources it advertises or that are set)."""
+        slot = self.index[name]
+        return {r: int(self.alloc[i, slot]) for i, r in enumerate(self.resources) if self.alloc[i, slot]}
+
+    def requested_of(self, name: str) -> dict[str, int]:
+        """Sum of the requests of the pods counted on a node, canonical units (zeros omitted)."""
+        slot = self.index[name]
+        return {r: int(self.requested[i, slot]) for i, r in enumerate(self.resources) if self.requested[i, slot]}
+
+    def free(self, resource: str) -> np.ndarray:
+        """alloc - requested for one resource, int64 array of shape (n,) over slots [0, n)."""
+        row = self.resource_row(resource)
+        return self.alloc[row, : self.n] - self.requested[row, : self.n]
+
+    def valid_slots(self) -> np.ndarray:
+        """Bool array of shape (n,): slots holding a node."""
+        return self.valid[: self.n]
