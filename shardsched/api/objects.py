@@ -178,6 +178,40 @@ def _term(obj: Any, path: str) -> SelectorTerm:
     )
 
 
+def parse_node_affinity(na: Any, base: str) -> tuple[tuple[SelectorTerm, ...] | None, tuple[tuple[int, SelectorTerm], ...]]:
+    """Parse a NodeAffinity object into (required terms or None, ((weight, term), ...)).
+
+    Raises:
+        InvalidObjectError: malformed terms or weights outside 1..100, with the field path under ``base``.
+    """
+    na = na or {}
+    if not isinstance(na, Mapping):
+        raise InvalidObjectError("nodeAffinity must be an object", base)
+    required = None
+    req = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if req is not None:
+        rbase = f"{base}.requiredDuringSchedulingIgnoredDuringExecution"
+        if not isinstance(req, Mapping):
+            raise InvalidObjectError("must be an object", rbase)
+        terms = req.get("nodeSelectorTerms") or []
+        if not isinstance(terms, list):
+            raise InvalidObjectError("nodeSelectorTerms must be a list", f"{rbase}.nodeSelectorTerms")
+        required = tuple(_term(t, f"{rbase}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
+    pref = na.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    pbase = f"{base}.preferredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(pref, list):
+        raise InvalidObjectError("must be a list", pbase)
+    preferred = []
+    for i, p in enumerate(pref):
+        if not isinstance(p, Mapping):
+            raise InvalidObjectError("must be an object", f"{pbase}[{i}]")
+        w = p.get("weight")
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+            raise InvalidObjectError(f"weight {w!r} must be an integer in 1..100", f"{pbase}[{i}].weight")
+        preferred.append((w, _term(p.get("preference"), f"{pbase}[{i}].preference")))
+    return required, tuple(preferred)
+
+
 def _ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
     out = []
     for i, c in enumerate(spec.get("containers") or []):
@@ -312,27 +346,10 @@ class PodInfo:
             raise InvalidObjectError(f"priority {prio!r} is not an integer", "spec.priority")
 
         node_selector = _str_map(spec.get("nodeSelector"), "spec.nodeSelector")
-        required = None
-        preferred: list[tuple[int, SelectorTerm]] = []
-        na = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
-        if not isinstance(na, Mapping):
-            raise InvalidObjectError("nodeAffinity must be an object", "spec.affinity.nodeAffinity")
-        req = na.get("requiredDuringSchedulingIgnoredDuringExecution")
-        if req is not None:
-            base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-            terms = (req or {}).get("nodeSelectorTerms") or []
-            if not isinstance(terms, list):
-                raise InvalidObjectError("nodeSelectorTerms must be a list", f"{base}.nodeSelectorTerms")
-            required = tuple(_term(t, f"{base}.nodeSelectorTerms[{i}]") for i, t in enumerate(terms))
-        pref = na.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-        base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
-        if not isinstance(pref, list):
-            raise InvalidObjectError("must be a list", base)
-        for i, p in enumerate(pref):
-            w = (p or {}).get("weight")
-            if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
-                raise InvalidObjectError(f"weight {w!r} must be an integer in 1..100", f"{base}[{i}].weight")
-            preferred.append((w, _term((p or {}).get("preference"), f"{base}[{i}].preference")))
+        affinity = spec.get("affinity") or {}
+        if not isinstance(affinity, Mapping):
+            raise InvalidObjectError("affinity must be an object", "spec.affinity")
+        required, preferred = parse_node_affinity(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
 
         info = cls(
             uid=str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta['name']}"),
@@ -348,7 +365,7 @@ class PodInfo:
             nonzero_memory_bytes=nz_mem,
             node_selector=node_selector,
             required_terms=required,
-            preferred_terms=tuple(preferred),
+            preferred_terms=preferred,
             tolerations=_tolerations(spec.get("tolerations")),
             host_ports=_ports(spec),
             labels=_str_map(meta.get("labels"), "metadata.labels"),

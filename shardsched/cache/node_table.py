@@ -174,7 +174,8 @@ class NodeTable:
         for r in range(len(self.resources)):
             self.alloc[r, slot] = 0
         for name, value in node.allocatable.items():
-            self.alloc[self.resource_row(name), slot] = value
+            row = self.resource_row(name)  # may grow self.alloc: index it afterwards
+            self.alloc[row, slot] = value
         self.static_generation += 1
 
     def add_node(self, node: NodeInfo) -> int:
@@ -250,7 +251,8 @@ class NodeTable:
     # ------------------------------------------------------------------ pods
     def _add_usage(self, slot: int, u: PodUsage) -> None:
         for name, value in u.requests.items():
-            self.requested[self.resource_row(name), slot] += value
+            row = self.resource_row(name)  # may grow self.requested: index it afterwards
+            self.requested[row, slot] += value
         self.nonzero_requested[0, slot] += u.nonzero_cpu_milli
         self.nonzero_requested[1, slot] += u.nonzero_memory_bytes
         if u.host_ports:

@@ -1,0 +1,19 @@
+"""CycleState: per-pod scratch data shared by a profile's plugins during one scheduling cycle.
+
+As upstream, PreFilter/PreScore write derived data once (e.g. the pod's request vector) and
+Filter/Score read it. Keys are plugin-defined strings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CycleState(dict[str, Any]):
+    """A dict with kube's names: ``write(key, value)`` / ``read(key)`` (KeyError if absent)."""
+
+    def write(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def read(self, key: str) -> Any:
+        return self[key]

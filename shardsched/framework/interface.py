@@ -1,0 +1,106 @@
+"""The vectorized plugin interfaces of shardsched's scheduling framework.
+
+These follow kube-scheduler's extension points (QueueSort, PreFilter, Filter, PreScore, Score,
+NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers many nodes
+at once. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots ``slice(0, table.n)``) or an
+int array of slots (to recompute only the nodes that changed since a cached result).
+
+- Filter returns a bool array, True where the node passes, shape = len(idx).
+- Score returns an int64 array in [0, 100], shape = len(idx).
+- NormalizeScore maps the raw scores of the feasible nodes to [0, 100].
+
+A plugin that is ``static`` depends only on static node attributes (labels, taints, cordon, names),
+so its result for a pod signature stays valid until ``NodeTable.static_generation`` changes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from shardsched.api.objects import PodInfo
+from shardsched.cache.node_table import NodeTable
+from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.status import Status
+
+Index = slice | np.ndarray
+
+MAX_NODE_SCORE = 100
+MIN_NODE_SCORE = 0
+
+
+def index_len(idx: Index, n: int) -> int:
+    """Number of slots selected by idx (a slice over [0, n) or an int array)."""
+    if isinstance(idx, slice):
+        return len(range(*idx.indices(n)))
+    return len(idx)
+
+
+class Plugin:
+    """Base of every plugin: a kube-style ``name`` class constant."""
+
+    name: ClassVar[str] = ""
+
+
+class QueueSortPlugin(Plugin):
+    def sort_key(self, pod: PodInfo, timestamp: float, seq: int) -> tuple:
+        """Ordering key; smaller pops first."""
+        raise NotImplementedError
+
+
+class FilterPlugin(Plugin):
+    #: True if the result depends only on static node attributes (see module docstring)
+    static: ClassVar[bool] = True
+
+    def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        """Compute per-pod data once. Return Skip when Filter has nothing to check for this pod."""
+        return Status.success()
+
+    def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        """bool array over idx: True where the node passes."""
+        raise NotImplementedError
+
+    def failure_reasons(self, state: CycleState, pod: PodInfo, table: NodeTable, slots: np.ndarray) -> dict[str, int]:
+        """For nodes (``slots``) that this plugin rejected: reason -> number of nodes.
+
+        Only called on the failure path, to build the ``0/N nodes are available`` message; a node
+        may count under several reasons (e.g. Insufficient cpu and Insufficient memory).
+        """
+        raise NotImplementedError
+
+
+class ScorePlugin(Plugin):
+    static: ClassVar[bool] = False
+    #: whether `normalize` must be applied to the raw scores of the feasible nodes
+    normalizes: ClassVar[bool] = False
+
+    def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        """Compute per-pod data once. Return Skip when this plugin scores every node the same."""
+        return Status.success()
+
+    def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        """int64 array over idx (raw score; in [0, 100] unless the plugin normalizes)."""
+        raise NotImplementedError
+
+    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+        """Map raw scores of the feasible nodes (int64 array) to [0, 100]."""
+        return raw
+
+
+class BindPlugin(Plugin):
+    """Marker for the Bind extension point; the runtime performs the API write."""
+
+
+def default_normalize(raw: np.ndarray, reverse: bool) -> np.ndarray:
+    """kube's ``helper.DefaultNormalizeScore``: scale to [0, 100] by the maximum; reverse = 100 - s.
+
+    int64 array in, int64 array out (same shape). With a maximum of 0: all 0, or all 100 if reverse.
+    """
+    if raw.size == 0:
+        return raw
+    top = int(raw.max())
+    if top == 0:
+        return np.full_like(raw, MAX_NODE_SCORE if reverse else 0)
+    out = raw * MAX_NODE_SCORE // top
+    return MAX_NODE_SCORE - out if reverse else out

@@ -1,0 +1,75 @@
+"""Framework: the plugins of one profile, instantiated and ordered per extension point.
+
+Built from a resolved profile (``shardsched.config.Profile``): its ``plugins`` map gives, per
+extension point, the enabled plugins in order with their score weights, and ``plugin_args`` the
+validated args. One plugin instance is shared by all the points it is enabled at, as upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shardsched.errors import ConfigError, InvalidObjectError
+from shardsched.framework.interface import BindPlugin, FilterPlugin, Plugin, QueueSortPlugin, ScorePlugin
+from shardsched.plugins.registry import REGISTRY
+
+
+@dataclass(frozen=True)
+class WeightedScore:
+    plugin: ScorePlugin
+    weight: int
+
+
+class Framework:
+    """The plugins of one profile (kube's ``frameworkImpl``).
+
+    Attributes:
+        filter_plugins: Filter plugins in profile order (their PreFilter runs when enabled at preFilter
+            or, for plugins whose Filter needs it, always: shardsched's plugins compute per-pod data there).
+        score_plugins: Score plugins with weights.
+        percentage_of_nodes_to_score: None = score every feasible node; 0 = kube's adaptive rule;
+            1..100 = that percentage (kube's ``percentageOfNodesToScore``).
+    """
+
+    def __init__(self, profile: Any, global_percentage: int | None = None) -> None:
+        self.profile_name: str = profile.scheduler_name
+        instances: dict[str, Plugin] = {}
+
+        def get(name: str) -> Plugin:
+            if name not in instances:
+                factory = REGISTRY.get(name)
+                if factory is None:
+                    raise ConfigError(f"profile {self.profile_name!r}: plugin {name!r} is not supported; "
+                                      f"supported plugins: {', '.join(sorted(REGISTRY))}")
+                try:
+                    instances[name] = factory(profile.plugin_args.get(name))
+                except InvalidObjectError as e:
+                    raise ConfigError(f"profile {self.profile_name!r}: pluginConfig {name}: {e}") from None
+            return instances[name]
+
+        points = profile.plugins
+        self.queue_sort: QueueSortPlugin | None = next(
+            (p for p in (get(r.name) for r in points.get("queueSort", ())) if isinstance(p, QueueSortPlugin)), None)
+        self.filter_plugins: list[FilterPlugin] = [
+            p for p in (get(r.name) for r in points.get("filter", ())) if isinstance(p, FilterPlugin)]
+        self.score_plugins: list[WeightedScore] = [
+            WeightedScore(p, int(r.weight or 1)) for r, p in ((r, get(r.name)) for r in points.get("score", ()))
+            if isinstance(p, ScorePlugin)]
+        self.binders: list[BindPlugin] = [
+            p for p in (get(r.name) for r in points.get("bind", ())) if isinstance(p, BindPlugin)]
+        pct = getattr(profile, "percentage_of_nodes_to_score", None)
+        self.percentage_of_nodes_to_score: int | None = pct if pct is not None else global_percentage
+        self.plugins = instances
+
+    def plugin_names(self, point: str) -> list[str]:
+        """Names of the plugins enabled at an extension point, in order (for inspection and docs)."""
+        if point == "filter":
+            return [p.name for p in self.filter_plugins]
+        if point == "score":
+            return [s.plugin.name for s in self.score_plugins]
+        if point == "queueSort":
+            return [self.queue_sort.name] if self.queue_sort else []
+        if point == "bind":
+            return [b.name for b in self.binders]
+        return []

@@ -1,0 +1,47 @@
+"""The in-tree plugin registry: name -> factory, and the extension points each plugin implements.
+
+Mirrors kube-scheduler's ``frameworkplugins.NewInTreeRegistry`` for the plugins shardsched has.
+A factory takes the plugin's validated args (from the profile's pluginConfig, or None for
+defaults) and returns a plugin instance.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from shardsched.framework.interface import Plugin
+from shardsched.plugins.defaultbinder import plugin as defaultbinder
+from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
+from shardsched.plugins.nodename import plugin as nodename
+from shardsched.plugins.nodeports import plugin as nodeports
+from shardsched.plugins.noderesources import balanced_allocation, fit
+from shardsched.plugins.nodeunschedulable import plugin as nodeunschedulable
+from shardsched.plugins.queuesort import plugin as queuesort
+from shardsched.plugins.tainttoleration import plugin as tainttoleration
+
+Factory = Callable[[Any], Plugin]
+
+REGISTRY: dict[str, Factory] = {
+    queuesort.NAME: queuesort.new,
+    nodeunschedulable.NAME: nodeunschedulable.new,
+    nodename.NAME: nodename.new,
+    tainttoleration.NAME: tainttoleration.new,
+    nodeaffinity.NAME: nodeaffinity.new,
+    nodeports.NAME: nodeports.new,
+    fit.NAME: fit.new,
+    balanced_allocation.NAME: balanced_allocation.new,
+    defaultbinder.NAME: defaultbinder.new,
+}
+
+#: extension points implemented by each plugin (kube's names)
+EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
+    queuesort.NAME: ("queueSort",),
+    nodeunschedulable.NAME: ("filter",),
+    nodename.NAME: ("filter",),
+    tainttoleration.NAME: ("filter", "preScore", "score"),
+    nodeaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
+    nodeports.NAME: ("preFilter", "filter"),
+    fit.NAME: ("preFilter", "filter", "preScore", "score"),
+    balanced_allocation.NAME: ("preScore", "score"),
+    defaultbinder.NAME: ("bind",),
+}

@@ -1,0 +1,291 @@
+"""The scheduling cycle's decision: Filter -> Score -> select -> assume, vectorized over nodes.
+
+This is kube-scheduler's ``schedulePod`` (findNodesThatFitPod, prioritizeNodes, selectHost) over a
+NodeTable, with one addition: results are cached per pod *signature* (identical scheduling-relevant
+spec) and, when nodes change, only the changed nodes are recomputed. Within a batch each placed pod
+is assumed in the table at once, so later pods of the batch see it and never collide with it.
+
+Selection follows upstream ``selectHost``: the highest total weighted score wins; ties are broken
+uniformly at random (here with a seedable numpy Generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardsched.api.objects import PodInfo
+from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.interface import FilterPlugin, ScorePlugin
+from shardsched.framework.runtime import Framework
+from shardsched.framework.status import Code, Status
+
+NO_NODES_MESSAGE = "no nodes available to schedule pods"
+#: kube's minFeasibleNodesToFind / minFeasibleNodePercentageToFind
+MIN_FEASIBLE_NODES_TO_FIND = 100
+MIN_FEASIBLE_NODE_PERCENTAGE_TO_FIND = 5
+
+
+@dataclass(slots=True)
+class ScheduleResult:
+    """Outcome of one scheduling decision.
+
+    Attributes:
+        node: chosen node name, or None when the pod is unschedulable.
+        status: Success, or Unschedulable with the kube-style ``0/N nodes are available: ...`` message.
+    """
+
+    pod: PodInfo
+    node: str | None
+    status: Status
+
+    @property
+    def scheduled(self) -> bool:
+        return self.node is not None
+
+
+def fit_error_message(num_nodes: int, reasons: dict[str, int]) -> str:
+    """kube's FitError message: ``0/N nodes are available: <count> <reason>, ....`` (reasons sorted)."""
+    parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
+    return f"0/{num_nodes} nodes are available: {', '.join(parts)}."
+
+
+def num_feasible_nodes_to_find(percentage: int | None, num_all_nodes: int) -> int:
+    """kube's ``numFeasibleNodesToFind``: how many feasible nodes to look for before scoring.
+
+    None = all nodes (shardsched's default: vectorized scoring is cheaper than the search cut-off);
+    0 = adaptive, ``max(5, 50 - n/125)`` percent; at least 100 nodes; all nodes when n < 100.
+    """
+    if percentage is None or num_all_nodes < MIN_FEASIBLE_NODES_TO_FIND or percentage >= 100:
+        return num_all_nodes
+    pct = percentage
+    if pct <= 0:
+        pct = max(MIN_FEASIBLE_NODE_PERCENTAGE_TO_FIND, 50 - num_all_nodes // 125)
+    num = num_all_nodes * pct // 100
+    return max(num, MIN_FEASIBLE_NODES_TO_FIND)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """Cached Filter/Score results of one pod signature over all table slots."""
+
+    static_generation: int
+    log_position: int
+    n: int
+    state: CycleState
+    filters_static: list[FilterPlugin]
+    filters_dynamic: list[FilterPlugin]
+    scores_dynamic: list[tuple[ScorePlugin, int]]
+    scores_static: list[tuple[ScorePlugin, int, np.ndarray]]
+    static_ok: np.ndarray
+    dyn_ok: np.ndarray
+    dyn_score: np.ndarray
+    final: np.ndarray = field(default=None)  # type: ignore[assignment]
+    static_varies: bool = False
+    rejected: Status | None = None
+
+
+class GenericScheduler:
+    """Decides placements for one profile over one NodeTable.
+
+    Args:
+        framework: the profile's plugins.
+        table: the node view; this class assumes placed pods into it (``assume=True``).
+        seed: seed of the tie-breaking RNG (None = random).
+        cache_size: max number of signatures kept (least recently inserted dropped first).
+    """
+
+    def __init__(self, framework: Framework, table: NodeTable, seed: int | None = None,
+                 cache_size: int = 4096) -> None:
+        self.framework = framework
+        self.table = table
+        self.rng = np.random.default_rng(seed)
+        self.cache: dict[str, _Entry] = {}
+        self.cache_size = cache_size
+        self.next_start_node_index = 0
+        self._sampled = framework.percentage_of_nodes_to_score is not None
+
+    # ------------------------------------------------------------------ public
+    def schedule(self, pod: PodInfo, assume: bool = True) -> ScheduleResult:
+        """Filter, score and select a node for ``pod``; assume it there when ``assume``.
+
+        Returns a ScheduleResult; never raises for an unschedulable pod (that is a Status).
+        """
+        table = self.table
+        if table.num_nodes == 0:
+            return ScheduleResult(pod, None, Status.unschedulable(NO_NODES_MESSAGE))
+        if self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
+                                                        table.num_nodes) < table.num_nodes:
+            result = self._schedule_sampled(pod)
+        else:
+            entry = self._entry(pod)
+            result = self._select(pod, entry)
+        if assume and result.node is not None:
+            table.add_pod(PodUsage.of(pod), result.node)
+        return result
+
+    def schedule_batch(self, pods: list[PodInfo]) -> list[ScheduleResult]:
+        """Schedule pods in order, each assumed before the next is decided (in-batch assume)."""
+        return [self.schedule(p) for p in pods]
+
+    def forget(self, pod: PodInfo) -> None:
+        """Undo an assume (kube's ForgetPod); safe to call when the pod was never assumed."""
+        self.table.remove_pod(pod.uid)
+
+    def invalidate(self) -> None:
+        """Drop every cached signature (e.g. after the table was rebuilt)."""
+        self.cache.clear()
+
+    # ------------------------------------------------------------------ cache
+    def _entry(self, pod: PodInfo) -> _Entry:
+        table = self.table
+        entry = self.cache.get(pod.signature)
+        if entry is not None and entry.static_generation == table.static_generation and entry.n == table.n:
+            if entry.rejected is None:
+                dirty = table.changed_since(entry.log_position)
+                if dirty is None:
+                    entry = None
+                elif len(dirty):
+                    self._update(pod, entry, dirty)
+            if entry is not None:
+                entry.log_position = table.log_position()
+                return entry
+        entry = self._compute(pod)
+        if len(self.cache) >= self.cache_size:
+            self.cache.pop(next(iter(self.cache)))
+        self.cache[pod.signature] = entry
+        return entry
+
+    def _compute(self, pod: PodInfo) -> _Entry:
+        table, fw = self.table, self.framework
+        n = table.n
+        state = CycleState()
+        everything = slice(0, n)
+        fstatic, fdyn, rejected = [], [], None
+        for f in fw.filter_plugins:
+            st = f.pre_filter(state, pod, table)
+            if st.is_skip():
+                continue
+            if not st.is_success():
+                rejected = Status(st.code, st.reasons, f.name)
+                break
+            (fstatic if f.static else fdyn).append(f)
+        static_ok = table.valid[:n].copy()
+        dyn_ok = np.ones(n, bool)
+        if rejected is None:
+            for f in fstatic:
+                static_ok &= f.filter(state, pod, table, everything)
+            for f in fdyn:
+                dyn_ok &= f.filter(state, pod, table, everything)
+        sdyn, sstatic = [], []
+        dyn_score = np.zeros(n, np.int64)
+        static_varies = False
+        for ws in fw.score_plugins:
+            st = ws.plugin.pre_score(state, pod, table)
+            if st.is_skip():
+                continue
+            if ws.plugin.static:
+                raw = ws.plugin.score(state, pod, table, everything)
+                vals = raw[table.valid[:n]]
+                if vals.size and vals.min() != vals.max():
+                    sstatic.append((ws.plugin, ws.weight, raw))
+                    static_varies = True
+            else:
+                sdyn.append((ws.plugin, ws.weight))
+                dyn_score += ws.weight * ws.plugin.score(state, pod, table, everything)
+        entry = _Entry(table.static_generation, table.log_position(), n, state, fstatic, fdyn, sdyn, sstatic,
+                       static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected)
+        entry.final = np.where(static_ok & dyn_ok, dyn_score, -1)
+        return entry
+
+    def _update(self, pod: PodInfo, entry: _Entry, dirty: np.ndarray) -> None:
+        """Recompute dynamic filters and scores on the slots that changed."""
+        table, state = self.table, entry.state
+        ok = entry.static_ok[dirty]
+        for f in entry.filters_dynamic:
+            ok &= f.filter(state, pod, table, dirty)
+        score = np.zeros(len(dirty), np.int64)
+        for plugin, weight in entry.scores_dynamic:
+            score += weight * plugin.score(state, pod, table, dirty)
+        entry.dyn_ok[dirty] = ok
+        entry.dyn_score[dirty] = score
+        entry.final[dirty] = np.where(ok, score, -1)
+
+    # ------------------------------------------------------------------ select
+    def _pick(self, candidates: np.ndarray) -> int:
+        if len(candidates) == 1:
+            return int(candidates[0])
+        return int(candidates[self.rng.integers(len(candidates))])
+
+    def _select(self, pod: PodInfo, entry: _Entry) -> ScheduleResult:
+        if entry.rejected is not None:
+            return ScheduleResult(pod, None, self._prefilter_status(entry.rejected))
+        final = entry.final
+        if entry.static_varies:
+            feasible = final >= 0
+            final = final.copy()
+            for plugin, weight, raw in entry.scores_static:
+                final[feasible] += weight * plugin.normalize(entry.state, pod, raw[feasible])
+        best = int(final.max())
+        if best < 0:
+            return ScheduleResult(pod, None, self._diagnose(pod, entry.state, entry))
+        slot = self._pick(np.flatnonzero(final == best))
+        return ScheduleResult(pod, self.table.names[slot], Status.success())
+
+    def _schedule_sampled(self, pod: PodInfo) -> ScheduleResult:
+        """kube's path with ``percentageOfNodesToScore``: filter nodes in round-robin order from
+        ``next_start_node_index`` until enough feasible ones are found, then score only those."""
+        table, fw = self.table, self.framework
+        entry = self._compute(pod)
+        if entry.rejected is not None:
+            return ScheduleResult(pod, None, self._prefilter_status(entry.rejected))
+        n = table.n
+        feasible = entry.static_ok & entry.dyn_ok
+        want = num_feasible_nodes_to_find(fw.percentage_of_nodes_to_score, table.num_nodes)
+        order = (self.next_start_node_index + np.arange(n)) % n
+        in_order = feasible[order]
+        cum = np.cumsum(in_order)
+        if cum[-1] == 0:
+            return ScheduleResult(pod, None, self._diagnose(pod, entry.state, entry))
+        if cum[-1] > want:
+            processed = int(np.searchsorted(cum, want)) + 1
+        else:
+            processed = n
+        chosen = order[:processed][in_order[:processed]]
+        self.next_start_node_index = (self.next_start_node_index + processed) % n
+        total = entry.dyn_score[chosen].copy()
+        for plugin, weight, raw in entry.scores_static:
+            total += weight * plugin.normalize(entry.state, pod, raw[chosen])
+        best = int(total.max())
+        slot = int(chosen[self._pick(np.flatnonzero(total == best))])
+        return ScheduleResult(pod, table.names[slot], Status.success())
+
+    # ------------------------------------------------------------------ failure path
+    def _prefilter_status(self, st: Status) -> Status:
+        n = self.table.num_nodes
+        reasons = {r: n for r in st.reasons} or {f"{st.plugin} rejected the pod": n}
+        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (fit_error_message(n, reasons),), st.plugin)
+
+    def _diagnose(self, pod: PodInfo, state: CycleState, entry: _Entry) -> Status:
+        """Which plugin rejected each node, first failing plugin per node in profile order (as kube,
+        which stops at a node's first failing Filter), summed into the FitError message."""
+        table = self.table
+        n = table.n
+        everything = slice(0, n)
+        remaining = table.valid[:n].copy()
+        active = set(map(id, entry.filters_static + entry.filters_dynamic))
+        reasons: dict[str, int] = {}
+        plugins: list[str] = []
+        for f in self.framework.filter_plugins:
+            if id(f) not in active:
+                continue
+            ok = f.filter(state, pod, table, everything)
+            failed = np.flatnonzero(remaining & ~ok)
+            if len(failed):
+                plugins.append(f.name)
+                for reason, count in f.failure_reasons(state, pod, table, failed).items():
+                    reasons[reason] = reasons.get(reason, 0) + count
+            remaining &= ok
+        return Status(Code.UNSCHEDULABLE, (fit_error_message(table.num_nodes, reasons),), ",".join(plugins))

@@ -1,0 +1,86 @@
+"""Typed API errors of the simulated cluster, one class per Kubernetes status the sim serves.
+
+Callers decide by type, never by message (as Kopf does): the 5xx and timeout errors are
+`TemporaryError` (retry after ``delay_s``), the 4xx errors are `PermanentError` (retrying the same
+request cannot succeed). Each class carries the HTTP ``code`` and the Kubernetes ``reason``
+(``metav1.StatusReason``) the real API server would answer with.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shardsched.errors import PermanentError, ShardschedError, TemporaryError
+
+
+class ApiError(ShardschedError):
+    """Base of the errors the simulated API answers with; ``code`` and ``reason`` as in a
+    ``metav1.Status``."""
+
+    code: ClassVar[int] = 0
+    reason: ClassVar[str] = ""
+
+
+class NotFound(ApiError, PermanentError):
+    """404: the pod or node does not exist (or the pod was deleted and re-created with a new uid)."""
+
+    code = 404
+    reason = "NotFound"
+
+
+class Conflict(ApiError, PermanentError):
+    """409: the pod is already bound to a node (``pods/binding`` on an assigned pod)."""
+
+    code = 409
+    reason = "Conflict"
+
+
+class AlreadyExists(ApiError, PermanentError):
+    """409: create of an object whose name is taken."""
+
+    code = 409
+    reason = "AlreadyExists"
+
+
+class Gone(ApiError, PermanentError):
+    """410: the watch history no longer reaches back to the requested resourceVersion (it was
+    compacted); the caller must list again and watch from the list's resourceVersion."""
+
+    code = 410
+    reason = "Expired"
+
+
+class Invalid(ApiError, PermanentError):
+    """422: the object failed validation; the message names the field path."""
+
+    code = 422
+    reason = "Invalid"
+
+
+class ServerError(ApiError, TemporaryError):
+    """500: the server failed to process the request; nothing was applied."""
+
+    code = 500
+    reason = "InternalError"
+
+
+class Timeout(ApiError, TemporaryError):
+    """504: no answer in time. The request may or may not have been applied (as with a real API
+    server); the caller learns the outcome from the watch or by retrying."""
+
+    code = 504
+    reason = "Timeout"
+
+
+#: Error class by the code a `BindResult` carries (409 on bind is always `Conflict`).
+BIND_ERRORS: dict[int, type[ApiError]] = {
+    404: NotFound,
+    409: Conflict,
+    500: ServerError,
+    504: Timeout,
+}
+
+
+class TraceError(ShardschedError):
+    """A trace file cannot be read at all: it is missing, unreadable, or its header lacks
+    required columns. (Malformed rows are skipped and reported instead, see `sim.trace`.)"""
