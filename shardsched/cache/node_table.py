@@ -76,6 +76,7 @@ class NodeTable:
         #: pods bound to a node the table has not seen yet: node name -> {uid: usage}
         self.orphans: dict[str, dict[str, PodUsage]] = {}
         self.static_generation = 0
+        self._all_have: dict[tuple[int, int], bool] = {}
         self.change_log: list[int] = []
         self.log_base = 0
 
@@ -130,8 +131,8 @@ class NodeTable:
         if position < self.log_base:
             return None
         tail = self.change_log[position - self.log_base:]
-        if not tail:
-            return np.empty(0, np.int64)
+        if len(tail) <= 16:
+            return np.array(sorted(set(tail)), np.int64)
         return np.unique(np.fromiter(tail, np.int64, len(tail)))
 
     def _touch(self, slot: int) -> None:
@@ -321,6 +322,19 @@ class NodeTable:
         """alloc - requested for one resource, int64 array of shape (n,) over slots [0, n)."""
         row = self.resource_row(resource)
         return self.alloc[row, : self.n] - self.requested[row, : self.n]
+
+    def all_have(self, row: int) -> bool:
+        """True if every node in the table has a positive allocatable of resource ``row`` and no
+        slot is free (cached until the next static change); lets scorers skip per-node guards."""
+        key = (row, self.static_generation)
+        hit = self._all_have.get(key)
+        if hit is None:
+            n = self.n
+            hit = bool(self.valid[:n].all() and (self.alloc[row, :n] > 0).all())
+            if len(self._all_have) > 256:
+                self._all_have.clear()
+            self._all_have[key] = hit
+        return hit
 
     def valid_slots(self) -> np.ndarray:
         """Bool array of shape (n,): slots holding a node."""

@@ -61,6 +61,12 @@ class FilterPlugin(Plugin):
         """bool array over idx: True where the node passes."""
         raise NotImplementedError
 
+    def filter_slot(self, state: CycleState, pod: PodInfo, table: NodeTable, slot: int) -> bool:
+        """Filter for one slot. Dynamic plugins override it with a scalar version (the cached path
+        recomputes one node per placed pod, where numpy's per-call cost dominates); the tests check
+        that it agrees with `filter`."""
+        return bool(self.filter(state, pod, table, np.array([slot]))[0])
+
     def failure_reasons(self, state: CycleState, pod: PodInfo, table: NodeTable, slots: np.ndarray) -> dict[str, int]:
         """For nodes (``slots``) that this plugin rejected: reason -> number of nodes.
 
@@ -82,6 +88,11 @@ class ScorePlugin(Plugin):
     def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         """int64 array over idx (raw score; in [0, 100] unless the plugin normalizes)."""
         raise NotImplementedError
+
+    def score_slot(self, state: CycleState, pod: PodInfo, table: NodeTable, slot: int) -> int:
+        """Score of one slot; dynamic plugins override it with a scalar version (see
+        `FilterPlugin.filter_slot`)."""
+        return int(self.score(state, pod, table, np.array([slot]))[0])
 
     def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
         """Map raw scores of the feasible nodes (int64 array) to [0, 100]."""

@@ -26,6 +26,8 @@ NO_NODES_MESSAGE = "no nodes available to schedule pods"
 #: kube's minFeasibleNodesToFind / minFeasibleNodePercentageToFind
 MIN_FEASIBLE_NODES_TO_FIND = 100
 MIN_FEASIBLE_NODE_PERCENTAGE_TO_FIND = 5
+#: up to this many changed nodes, the cached path recomputes them with the scalar plugin paths
+_SCALAR_UPDATE_MAX = 8
 
 
 @dataclass(slots=True)
@@ -179,30 +181,48 @@ class GenericScheduler:
                 static_ok &= f.filter(state, pod, table, everything)
             for f in fdyn:
                 dyn_ok &= f.filter(state, pod, table, everything)
+        # Scores only where the pod fits now: a node that starts to fit later changes first, and
+        # a changed node is recomputed in full (filters and scores) by `_update`.
+        feasible = static_ok & dyn_ok
+        count = int(feasible.sum())
+        where: slice | np.ndarray = everything if count * 2 > n else np.flatnonzero(feasible)
         sdyn, sstatic = [], []
         dyn_score = np.zeros(n, np.int64)
         static_varies = False
-        for ws in fw.score_plugins:
+        for ws in fw.score_plugins if rejected is None else ():
             st = ws.plugin.pre_score(state, pod, table)
             if st.is_skip():
                 continue
             if ws.plugin.static:
+                # a static score that is the same on every node that can ever pass the static
+                # filters (until the next static change) cannot change the choice: left out
                 raw = ws.plugin.score(state, pod, table, everything)
-                vals = raw[table.valid[:n]]
+                vals = raw[static_ok]
                 if vals.size and vals.min() != vals.max():
                     sstatic.append((ws.plugin, ws.weight, raw))
                     static_varies = True
             else:
                 sdyn.append((ws.plugin, ws.weight))
-                dyn_score += ws.weight * ws.plugin.score(state, pod, table, everything)
+                if count:
+                    dyn_score[where] += ws.weight * ws.plugin.score(state, pod, table, where)
         entry = _Entry(table.static_generation, table.log_position(), n, state, fstatic, fdyn, sdyn, sstatic,
                        static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected)
-        entry.final = np.where(static_ok & dyn_ok, dyn_score, -1)
+        entry.final = np.where(feasible, dyn_score, -1)
         return entry
 
     def _update(self, pod: PodInfo, entry: _Entry, dirty: np.ndarray) -> None:
-        """Recompute dynamic filters and scores on the slots that changed."""
+        """Recompute dynamic filters and scores on the slots that changed (one by one with the
+        plugins' scalar paths when few changed, vectorized otherwise)."""
         table, state = self.table, entry.state
+        if len(dirty) <= _SCALAR_UPDATE_MAX:
+            for slot in dirty.tolist():
+                ok = bool(entry.static_ok[slot]) and all(
+                    f.filter_slot(state, pod, table, slot) for f in entry.filters_dynamic)
+                score = sum(w * p.score_slot(state, pod, table, slot) for p, w in entry.scores_dynamic)
+                entry.dyn_ok[slot] = ok
+                entry.dyn_score[slot] = score
+                entry.final[slot] = score if ok else -1
+            return
         ok = entry.static_ok[dirty]
         for f in entry.filters_dynamic:
             ok &= f.filter(state, pod, table, dirty)

@@ -32,6 +32,10 @@ class NodePorts(FilterPlugin):
                 ok[slot] = False
         return ok[idx]
 
+    def filter_slot(self, state: CycleState, pod: PodInfo, table: NodeTable, slot: int) -> bool:
+        used = table.used_ports.get(slot, ())
+        return not any(p.conflicts(u) for p in pod.host_ports for u in used)
+
     def failure_reasons(self, state, pod, table, slots):
         return {ERR_REASON: len(slots)}
 

@@ -84,7 +84,8 @@ class ResourceAllocationScorer:
         return pod.requests.get(name, 0)
 
     def columns(self, pod: PodInfo, table: NodeTable, idx: Index):
-        """Yield (weight, allocatable int64 array, requested-after int64 array) per scored resource."""
+        """Yield (weight, allocatable int64 array, requested-after int64 array, all_have) per scored
+        resource; ``all_have`` is True when every node has some of it (no per-node guard needed)."""
         for name, weight in self.resources:
             req = self.pod_request(pod, name)
             if req == 0 and is_scalar(name):
@@ -95,7 +96,27 @@ class ResourceAllocationScorer:
                 used = table.nonzero_requested[0 if name == CPU else 1, : table.n][idx]
             else:
                 used = table.requested[row, : table.n][idx]
-            yield weight, alloc, used + req
+            yield weight, alloc, used + req, table.all_have(row)
+
+
+    def slot_columns(self, pod: PodInfo, table: NodeTable, slot: int):
+        """Scalar `columns` for one slot: yield (weight, allocatable int, requested-after int)."""
+        for name, weight in self.resources:
+            req = self.pod_request(pod, name)
+            if req == 0 and is_scalar(name):
+                continue
+            row = table.resource_row(name)
+            if not self.use_requested and name in (CPU, MEMORY):
+                used = table.nonzero_requested[0 if name == CPU else 1, slot]
+            else:
+                used = table.requested[row, slot]
+            yield weight, int(table.alloc[row, slot]), int(used) + req
+
+
+def _go_div(a: int, b: int) -> int:
+    """Go's int64 division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return -q if (a < 0) != (b < 0) else q
 
 
 class NodeResourcesFit(FilterPlugin, ScorePlugin):
@@ -130,6 +151,14 @@ class NodeResourcesFit(FilterPlugin, ScorePlugin):
             mask = ok if mask is None else mask & ok
         return mask
 
+    def filter_slot(self, state: CycleState, pod: PodInfo, table: NodeTable, slot: int) -> bool:
+        fr: _FitRequest = state.read(NAME + "/request")
+        alloc, used = table.alloc, table.requested
+        for row, value in zip(fr.rows, fr.values):
+            if alloc[row, slot] - used[row, slot] < value:
+                return False
+        return True
+
     def failure_reasons(self, state, pod, table, slots):
         fr: _FitRequest = state.read(NAME + "/request")
         out = {}
@@ -142,28 +171,68 @@ class NodeResourcesFit(FilterPlugin, ScorePlugin):
     # ------------------------------------------------------------ Score
     def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         total = weights = None
+        uniform_weights = 0  # sum of weights while every node has every resource (the common case)
         rtcr = self.strategy == REQUESTED_TO_CAPACITY_RATIO
-        for weight, alloc, req in self.scorer.columns(pod, table, idx):
-            has = alloc > 0
-            safe = np.where(has, alloc, 1)
+        for weight, alloc, req, all_have in self.scorer.columns(pod, table, idx):
+            has = None if all_have else alloc > 0
+            safe = alloc if all_have else np.where(has, alloc, 1)
             if self.strategy == LEAST_ALLOCATED:
-                s = np.where(req > alloc, 0, (alloc - req) * MAX_NODE_SCORE // safe)
+                s = np.maximum(alloc - req, 0) * MAX_NODE_SCORE // safe
             elif self.strategy == MOST_ALLOCATED:
                 s = np.minimum(req, alloc) * MAX_NODE_SCORE // safe
             else:
-                util = np.where(req > alloc, 100, req * 100 // safe)
-                s = self._broken_linear(util)
-            counted = has & (s > 0) if rtcr else has
-            s = np.where(counted, s * weight, 0)
-            w = counted * weight
+                s = self._broken_linear(np.where(req > alloc, 100, req * 100 // safe))
+            if all_have and not rtcr and weights is None:
+                s = s * weight if weight != 1 else s
+                uniform_weights += weight
+            else:
+                has = alloc > 0 if has is None else has
+                counted = has & (s > 0) if rtcr else has
+                s = np.where(counted, s * weight, 0)
+                w = counted * weight
+                weights = w if weights is None else weights + w
             total = s if total is None else total + s
-            weights = w if weights is None else weights + w
         if total is None:
             return np.zeros(len(table.alloc[0, : table.n][idx]), np.int64)
+        if weights is None:
+            return total // uniform_weights
+        weights = weights + uniform_weights
         safe_w = np.where(weights > 0, weights, 1)
         if rtcr:
             return np.where(weights > 0, np.floor(total / safe_w + 0.5).astype(np.int64), 0)
         return np.where(weights > 0, total // safe_w, 0)
+
+    def score_slot(self, state: CycleState, pod: PodInfo, table: NodeTable, slot: int) -> int:
+        total = weights = 0
+        for weight, alloc, req in self.scorer.slot_columns(pod, table, slot):
+            if alloc <= 0:
+                continue
+            if self.strategy == LEAST_ALLOCATED:
+                s = 0 if req > alloc else (alloc - req) * MAX_NODE_SCORE // alloc
+            elif self.strategy == MOST_ALLOCATED:
+                s = min(req, alloc) * MAX_NODE_SCORE // alloc
+            else:
+                s = self._broken_linear_one(100 if req > alloc else req * 100 // alloc)
+                if s <= 0:
+                    continue
+            total += s * weight
+            weights += weight
+        if weights == 0:
+            return 0
+        if self.strategy == REQUESTED_TO_CAPACITY_RATIO:
+            return int(np.floor(total / weights + 0.5))
+        return total // weights
+
+    def _broken_linear_one(self, p: int) -> int:
+        """Scalar `_broken_linear`."""
+        shape = self.shape
+        for i, (u, s) in enumerate(shape):
+            if p <= u:
+                if i == 0:
+                    return s
+                u0, s0 = shape[i - 1]
+                return s0 + _go_div((s - s0) * (p - u0), u - u0)
+        return shape[-1][1]
 
     def _broken_linear(self, p: np.ndarray) -> np.ndarray:
         """Upstream ``BuildBrokenLinearFunction`` over int64 utilization in [0, 100]."""

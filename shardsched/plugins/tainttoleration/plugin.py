@@ -33,21 +33,44 @@ class TaintToleration(FilterPlugin, ScorePlugin):
     static = True
     normalizes = True
 
+    def __init__(self) -> None:
+        # (table, tolerations) -> per taint set: passes the filter; (table, 'prefer', tolerations) ->
+        # per taint set: untolerated PreferNoSchedule count; "passes the filter"; taint sets are only ever appended
+        self._ok_cache: dict[tuple, np.ndarray] = {}
+
+    def _ok_per_set(self, tolerations: tuple[Toleration, ...], table: NodeTable) -> np.ndarray:
+        key = (id(table), tolerations)
+        ok = self._ok_cache.get(key)
+        if ok is None or len(ok) != len(table.taint_sets):
+            if len(self._ok_cache) > 1024:
+                self._ok_cache.clear()
+            ok = np.array([not _untolerated(ts, tolerations, _FILTER_EFFECTS) for ts in table.taint_sets], bool)
+            self._ok_cache[key] = ok
+        return ok
+
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
-        ok = np.array([not _untolerated(ts, pod.tolerations, _FILTER_EFFECTS) for ts in table.taint_sets], bool)
-        return ok[table.taint_set_id[: table.n][idx]]
+        if len(table.taint_sets) == 1:  # no node has a taint
+            return np.ones(len(table.taint_set_id[: table.n][idx]), bool)
+        return self._ok_per_set(pod.tolerations, table)[table.taint_set_id[: table.n][idx]]
 
     def failure_reasons(self, state, pod, table, slots):
         out: dict[str, int] = {}
-        for slot in slots:
-            bad = _untolerated(table.taint_sets[table.taint_set_id[slot]], pod.tolerations, _FILTER_EFFECTS)
+        per_set = np.bincount(table.taint_set_id[slots], minlength=len(table.taint_sets))
+        for set_id in np.flatnonzero(per_set):
+            bad = _untolerated(table.taint_sets[set_id], pod.tolerations, _FILTER_EFFECTS)
             reason = reason_for(bad[0])
-            out[reason] = out.get(reason, 0) + 1
+            out[reason] = out.get(reason, 0) + int(per_set[set_id])
         return out
 
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        if len(table.taint_sets) == 1:  # no node has a taint
+            return Status.skip()
         prefer = tuple(t for t in pod.tolerations if t.effect in ("", "PreferNoSchedule"))
-        counts = np.array([len(_untolerated(ts, prefer, ("PreferNoSchedule",))) for ts in table.taint_sets], np.int64)
+        key = (id(table), "prefer", prefer)
+        counts = self._ok_cache.get(key)
+        if counts is None or len(counts) != len(table.taint_sets):
+            counts = np.array([len(_untolerated(ts, prefer, ("PreferNoSchedule",))) for ts in table.taint_sets], np.int64)
+            self._ok_cache[key] = counts
         if not counts.any():
             return Status.skip()
         state.write(NAME + "/counts", counts)
