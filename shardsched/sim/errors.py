@@ -72,15 +72,6 @@ class Timeout(ApiError, TemporaryError):
     reason = "Timeout"
 
 
-#: Error class by the code a `BindResult` carries (409 on bind is always `Conflict`).
-BIND_ERRORS: dict[int, type[ApiError]] = {
-    404: NotFound,
-    409: Conflict,
-    500: ServerError,
-    504: Timeout,
-}
-
-
 class TraceError(ShardschedError):
     """A trace file cannot be read at all: it is missing, unreadable, or its header lacks
     required columns. (Malformed rows are skipped and reported instead, see `sim.trace`.)"""

@@ -1,0 +1,802 @@
+"""SimCluster: the embedded simulated cluster, with the Kubernetes API server's semantics.
+
+Nodes and Pods are plain dicts (camelCase, as in YAML). Every write gets the next
+``resourceVersion`` (an int here; a string in ``metadata.resourceVersion``, as kube) and one watch
+event; `SimCluster.events_since` serves the watch from a bounded history and answers `Gone` (410)
+once the history no longer reaches back, so callers list again (the list-then-watch protocol).
+
+Binding follows the ``pods/binding`` subresource: 404 for a missing pod, 409 for a pod that already
+has ``spec.nodeName``. A successful bind then runs a kubelet-like admission (kubelet's
+``lifecycle.generalFilter`` resource check): if the node's non-terminal bound pods plus this pod
+request more than ``status.allocatable`` of any resource (``pods`` included), the pod stays bound but
+becomes ``Failed`` with reason ``OutOf<resource>`` and kubelet's message, which is how an overcommit
+becomes visible and countable (`SimCluster.invariants`). Per-node request totals are kept
+incrementally, so a bind costs O(resources of the pod), not O(pods).
+
+Where the simulator differs from a real cluster (each on purpose, for a faster or clearer signal):
+
+- A bind writes ``spec.nodeName``, ``PodScheduled=True`` and the kubelet's phase (``Running`` or
+  ``Failed``) in one write, i.e. one MODIFIED event, instead of a bind then a kubelet status update.
+- Binding to a node that does not exist answers 404 (a real API server accepts it and the pod GC
+  controller deletes the pod later), and a uid that differs from the current pod's (the pod was
+  deleted and re-created) answers 404 (a real server answers 409 for the failed uid precondition);
+  either way the binding is for a pod or node that is gone.
+- Deletion is immediate (grace period 0): no ``deletionTimestamp`` phase.
+- Setting ``spec.unschedulable`` also adds or removes the ``node.kubernetes.io/unschedulable``
+  NoSchedule taint in the same write (what the node lifecycle controller does right after).
+- Events (`record_event`) are kept per object until the object is deleted (a real cluster keeps
+  them for an hour), at most the 32 newest distinct ones, de-duplicated by (type, reason,
+  message) with a count as kube's event correlator does; they are not part of the watch and get
+  no resourceVersion.
+
+Returned objects are shared snapshots, as in a client-go informer cache: never modify them (copy
+first). Each write stores new dicts, so a snapshot never changes after it was returned.
+
+Thread-safe (one lock). Plain enough for ``ray.remote(SimCluster)``: constructor arguments and
+return values are plain values and dataclasses; errors are the typed `shardsched.sim.errors`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+import uuid
+from collections import abc
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
+from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+from shardsched.errors import InvalidObjectError
+from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+NODE, POD = "Node", "Pod"
+
+#: PriorityClasses every cluster has (``scheduling.k8s.io``'s built-in system classes).
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
+
+#: Order in which kubelet's admission checks resources (``noderesources.fitsRequest``: pod count,
+#: cpu, memory, ephemeral-storage, then extended resources, here sorted by name); the first
+#: insufficient one names the rejection.
+_ADMISSION_ORDER = (PODS, CPU, MEMORY, EPHEMERAL_STORAGE)
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_CONDITION_STATUSES = ("True", "False", "Unknown")
+_EVENT_TYPES = ("Normal", "Warning")
+#: Distinct events kept per object (the oldest goes first), so a pod that fails scheduling for
+#: ever-changing reasons cannot grow memory without bound.
+_EVENTS_PER_OBJECT = 32
+_OK = 201
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change: ``type`` ADDED, MODIFIED or DELETED; ``kind`` Node or Pod; ``object`` the object
+    after the change (for DELETED, its last state); ``rv`` the resourceVersion of the change."""
+
+    type: str
+    kind: str
+    object: dict
+    rv: int
+
+
+class Binding(NamedTuple):
+    """One bind request for `SimCluster.bind_many`; a plain ``(namespace, name, node_name)`` or
+    ``(namespace, name, node_name, uid)`` tuple works the same. ``uid``, when set, must be the
+    current pod's uid (a precondition, as ``Binding.metadata.uid``)."""
+
+    namespace: str
+    name: str
+    node_name: str
+    uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    """Outcome of one bind.
+
+    Attributes:
+        code: 201 bound; 404 pod or node not found (or uid differs); 409 pod already bound;
+            500 server error; 504 timeout (the bind may or may not have been applied).
+        reason: for an error, its Kubernetes status reason (``NotFound``, ``Conflict``,
+            ``InternalError``, ``Timeout``); for a bind the admission rejected, the pod's
+            ``status.reason`` (``OutOfcpu``, ``OutOfpods``, ``OutOfnvidia.com/gpu``, ...); else "".
+        message: the error's or the admission rejection's message; else "".
+        phase: pod phase right after a successful bind: ``Running``, or ``Failed`` when the
+            kubelet-like admission rejected it; "" on errors.
+    """
+
+    namespace: str
+    name: str
+    node_name: str
+    code: int
+    reason: str = ""
+    message: str = ""
+    phase: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the pod was bound (even if the admission then failed it)."""
+        return self.code == _OK
+
+    def error(self) -> ApiError | None:
+        """The typed error this result stands for (`NotFound`, `Conflict`, `ServerError`,
+        `Timeout`), or None when ``ok``."""
+        if self.ok:
+            return None
+        return _BIND_ERRORS[self.code](self.message)
+
+
+_BIND_ERRORS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 500: ServerError, 504: Timeout}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultConfig:
+    """Faults injected into binds (all off by default); drawn from the cluster's seeded RNG, so a
+    given seed and call order give the same faults.
+
+    Attributes:
+        bind_latency_s / bind_jitter_s: each bind or bind_many call answers after
+            ``latency + uniform(0, jitter)`` seconds (one round trip per call: a batch is pipelined).
+            The wait happens after the write, outside the lock, so concurrent callers overlap.
+        bind_error_rate: fraction of bind items answering 500 without being applied.
+        bind_conflict_rate: fraction answering a spurious 409 without being applied.
+        bind_timeout_rate: fraction answering 504 (`Timeout`).
+        timeout_applied_fraction: of the timeouts, the fraction whose bind was nevertheless applied
+            (when it would have succeeded), as happens when a real API server commits but the answer
+            is lost. 0.5 by default: a caller must not assume either outcome.
+
+    Raises:
+        ValueError: a negative time, a rate outside [0, 1], or rates summing above 1.
+    """
+
+    bind_latency_s: float = 0.0
+    bind_jitter_s: float = 0.0
+    bind_error_rate: float = 0.0
+    bind_conflict_rate: float = 0.0
+    bind_timeout_rate: float = 0.0
+    timeout_applied_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.bind_latency_s < 0 or self.bind_jitter_s < 0:
+            raise ValueError("bind latency and jitter must be >= 0 seconds")
+        rates = (self.bind_error_rate, self.bind_conflict_rate, self.bind_timeout_rate, self.timeout_applied_fraction)
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise ValueError("fault rates must be in [0, 1]")
+        if self.bind_error_rate + self.bind_conflict_rate + self.bind_timeout_rate > 1.0:
+            raise ValueError("bind_error_rate + bind_conflict_rate + bind_timeout_rate must be <= 1")
+
+    @property
+    def injects_errors(self) -> bool:
+        return self.bind_error_rate + self.bind_conflict_rate + self.bind_timeout_rate > 0
+
+
+def _now() -> str:
+    """RFC 3339 UTC timestamp with second precision, as ``metav1.Time`` serializes."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _copy_tree(value: Any) -> Any:
+    """Deep copy of plain YAML-like data (mappings, lists, scalars); mappings become dicts."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_copy_tree(v) for v in value]
+    if isinstance(value, abc.Mapping):
+        return {k: _copy_tree(v) for k, v in value.items()}
+    return value
+
+
+def validate_name(value: str, path: str, label: bool = False) -> None:
+    """Raise `InvalidObjectError` unless ``value`` is a DNS-1123 subdomain (label when ``label``),
+    as the API server validates object names and namespaces."""
+    pattern, limit = (_DNS_LABEL, 63) if label else (_DNS_SUBDOMAIN, 253)
+    if len(value) > limit or not pattern.fullmatch(value):
+        kind = "DNS-1123 label" if label else "DNS-1123 subdomain"
+        raise InvalidObjectError(f"{value!r} is not a valid {kind} (lowercase alphanumerics, '-', at most {limit})", path)
+
+
+def _with_condition(conditions: list[dict], condition: Mapping[str, Any], now: str) -> list[dict] | None:
+    """Upstream ``podutil.UpdatePodCondition``: replace the condition of the same type, keeping its
+    ``lastTransitionTime`` unless the status changes. Returns the new list, or None if nothing
+    changed."""
+    new = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
+    for i, old in enumerate(conditions):
+        if old.get("type") != new["type"]:
+            continue
+        if all(old.get(k) == v for k, v in new.items()):
+            return None
+        new["lastTransitionTime"] = now if old.get("status") != new["status"] else old.get("lastTransitionTime", now)
+        return conditions[:i] + [new] + conditions[i + 1:]
+    new["lastTransitionTime"] = now
+    return conditions + [new]
+
+
+def _admission_ordered(requests: Mapping[str, int]) -> dict[str, int]:
+    """Requests with an entry > 0, in the order kubelet's admission checks them."""
+    head = [(r, requests[r]) for r in _ADMISSION_ORDER if requests.get(r, 0) > 0]
+    tail = sorted((r, v) for r, v in requests.items() if v > 0 and r not in _ADMISSION_ORDER)
+    return dict(head + tail)
+
+
+def _sync_unschedulable_taint(spec: dict) -> None:
+    """Make ``spec.taints`` hold the unschedulable NoSchedule taint iff ``spec.unschedulable``
+    (the node lifecycle controller's ``doNoScheduleTaintingPass``). Mutates ``spec`` (a fresh dict)."""
+    taints = [t for t in spec.get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT_KEY]
+    if spec.get("unschedulable"):
+        taints.append({"key": UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"})
+    if taints:
+        spec["taints"] = taints
+    else:
+        spec.pop("taints", None)
+
+
+class SimCluster:
+    """In-memory cluster with the API server's semantics (see the module docstring).
+
+    Args:
+        seed: seeds the fault RNG (``random.Random(seed)``) and the uid generator, so runs repeat.
+        faults: bind latency and injected errors; None for none.
+        history_limit: watch events kept for `events_since` (at least this many, at most 1/8 more);
+            an older resourceVersion answers `Gone`.
+        priority_classes: PriorityClass name -> value, besides the built-in system classes; a pod's
+            ``priorityClassName`` is resolved into ``spec.priority`` on create (the Priority
+            admission plugin).
+
+    Raises:
+        ValueError: ``history_limit`` < 1.
+    """
+
+    def __init__(self, seed: int = 0, faults: FaultConfig | None = None, history_limit: int = 100_000,
+                 priority_classes: Mapping[str, int] | None = None) -> None:
+        if history_limit < 1:
+            raise ValueError("history_limit must be >= 1")
+        self._lock = threading.Lock()
+        self._faults = faults or FaultConfig()
+        self._rng = random.Random(seed)
+        self._uid_rng = random.Random(f"uid-{seed}")
+        self._priority_classes = {**SYSTEM_PRIORITY_CLASSES, **(priority_classes or {})}
+        self._history_limit = history_limit
+        self._history_slack = max(1, history_limit // 8)
+        self._history: list[WatchEvent] = []
+        self._compacted_rv = 0  # rv of the newest event dropped from the history
+        self._rv = 0
+        self._nodes: dict[str, dict] = {}
+        self._allocatable: dict[str, dict[str, int]] = {}
+        self._pods: dict[str, dict] = {}  # "namespace/name" -> pod
+        self._requests: dict[str, dict[str, int]] = {}  # pod key -> requests, admission order
+        self._requested: dict[str, dict[str, int]] = {}  # node name -> sum over non-terminal bound pods
+        self._on_node: dict[str, set[str]] = {}  # node name -> keys of pods bound to it
+        self._bound_uids: set[str] = set()  # bind ledger of the pods that exist
+        self._events: dict[tuple[str, str], list[dict]] = {}
+        self._event_seq = 0
+        self._stats = {"binds": 0, "admission_rejections": 0, "double_binds": 0, "bind_conflicts": 0}
+        self._injected = {"server_errors": 0, "conflicts": 0, "timeouts": 0, "timeouts_applied": 0}
+
+    # ----------------------------------------------------------------------------------- reads
+
+    def list_nodes(self) -> tuple[list[dict], int]:
+        """All nodes and the resourceVersion to watch from."""
+        with self._lock:
+            return list(self._nodes.values()), self._rv
+
+    def list_pods(self) -> tuple[list[dict], int]:
+        """All pods and the resourceVersion to watch from."""
+        with self._lock:
+            return list(self._pods.values()), self._rv
+
+    def get_node(self, name: str) -> dict:
+        """The node named ``name``. Raises: NotFound."""
+        with self._lock:
+            node = self._nodes.get(name)
+        if node is None:
+            raise NotFound(f'nodes "{name}" not found')
+        return node
+
+    def get_pod(self, namespace: str, name: str) -> dict:
+        """The pod ``namespace/name``. Raises: NotFound."""
+        with self._lock:
+            pod = self._pods.get(f"{namespace}/{name}")
+        if pod is None:
+            raise NotFound(f'pods "{name}" not found')
+        return pod
+
+    def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
+                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
+        """Watch events with resourceVersion > ``rv``, oldest first.
+
+        Args:
+            rv: from `list_nodes`/`list_pods` or a previous call (a string resourceVersion works).
+            kinds: only these kinds (``Node``, ``Pod``); None for all.
+            limit: at most this many events; None for all.
+
+        Returns:
+            (events, new_rv): pass ``new_rv`` to the next call. It is the current resourceVersion,
+            or that of the last event returned when ``limit`` cut the answer short.
+
+        Raises:
+            Gone: events after ``rv`` were compacted away, or ``rv`` is newer than this cluster's
+                (it came from another instance); list again.
+            Invalid: ``rv`` is not an integer, or ``limit`` < 1.
+        """
+        try:
+            rv = int(rv)
+        except (TypeError, ValueError):
+            raise Invalid(f"resourceVersion: {rv!r} is not a valid resource version") from None
+        if limit is not None and limit < 1:
+            raise Invalid(f"limit: {limit} must be >= 1")
+        with self._lock:
+            if rv < self._compacted_rv:
+                raise Gone(f"too old resource version: {rv} (oldest available: {self._compacted_rv})")
+            if rv > self._rv:
+                raise Gone(f"resource version {rv} is newer than this cluster's ({self._rv})")
+            # The history is contiguous: self._history[i].rv == self._compacted_rv + 1 + i.
+            tail = self._history[rv - self._compacted_rv:]
+            if kinds is not None:
+                wanted = frozenset(kinds)
+                tail = [ev for ev in tail if ev.kind in wanted]
+            if limit is not None and len(tail) > limit:
+                return tail[:limit], tail[limit - 1].rv
+            return tail, self._rv
+
+    def events_for(self, namespace: str, name: str) -> list[dict]:
+        """Events recorded about an object, oldest first (``namespace`` "" for nodes)."""
+        with self._lock:
+            return list(self._events.get((namespace, name), ()))
+
+    def requested(self, node_name: str) -> dict[str, int]:
+        """Simulator introspection (no kube endpoint has it): the running request totals of the
+        non-terminal pods bound to ``node_name``, canonical units, as the admission uses them."""
+        with self._lock:
+            return dict(self._requested.get(node_name, {}))
+
+    def invariants(self) -> dict[str, Any]:
+        """Counters for the invariants the chaos suite checks.
+
+        Returns:
+            overcommitted_nodes: sorted names of nodes whose non-terminal bound pods request more
+                than allocatable of some resource (empty unless `update_node` shrank allocatable
+                under its pods, or pods were created bound to a node before the node existed);
+            admission_rejections: pods the kubelet-like admission failed (overcommit attempts);
+            double_binds: successful binds of a pod uid already bound (0 by the API's semantics;
+                counted from the bind ledger as a self-check);
+            bind_conflicts: 409s served on bind (real and injected);
+            binds: successful binds;
+            pods_bound: number of pods with ``spec.nodeName`` (admission-rejected ones included);
+            pods_unbound: sorted ``namespace/name`` keys of pods without ``spec.nodeName``;
+            injected_faults: {server_errors, conflicts, timeouts, timeouts_applied}.
+        """
+        with self._lock:
+            over = sorted(
+                name for name, alloc in self._allocatable.items()
+                if any(v > alloc.get(r, 0) for r, v in self._requested.get(name, {}).items())
+            )
+            unbound = sorted(k for k, p in self._pods.items() if not p["spec"].get("nodeName"))
+            return {
+                "overcommitted_nodes": over,
+                **self._stats,
+                "pods_bound": len(self._pods) - len(unbound),
+                "pods_unbound": unbound,
+                "injected_faults": dict(self._injected),
+            }
+
+    # ---------------------------------------------------------------------------------- writes
+
+    def create_pod(self, obj: Any) -> dict:
+        """Create one pod; see `create_pods`."""
+        return self.create_pods([obj])[0]
+
+    def create_pods(self, objs: Iterable[Any]) -> list[dict]:
+        """Create pods, all or none.
+
+        Each object (dict or kubernetes client model) is copied, defaulted (namespace ``default``,
+        ``spec.schedulerName`` ``default-scheduler``, ``spec.priority`` from its PriorityClass),
+        validated with `PodInfo.from_object`, given a uid and ``creationTimestamp``, and its status
+        reset to ``Pending`` (the API server's ``PrepareForCreate``). A pod created with
+        ``spec.nodeName`` of an existing node goes through the kubelet-like admission at once.
+
+        Returns:
+            the stored pods, in order.
+
+        Raises:
+            Invalid: an object failed validation (message: ``namespace/name: field.path: what``).
+            AlreadyExists: a name is taken, or repeated in ``objs``.
+        """
+        prepared = [self._prepare_pod(o) for o in objs]
+        with self._lock:
+            seen: set[str] = set()
+            for key, _, _ in prepared:
+                if key in self._pods or key in seen:
+                    ns, name = key.split("/", 1)
+                    raise AlreadyExists(f'pods "{name}" already exists in namespace "{ns}"')
+                seen.add(key)
+            now = _now()
+            out = []
+            for key, pod, requests in prepared:
+                pod["metadata"]["uid"] = self._new_uid()
+                pod["metadata"]["creationTimestamp"] = now
+                self._requests[key] = requests
+                node_name = pod["spec"].get("nodeName")
+                if node_name:
+                    self._on_node.setdefault(node_name, set()).add(key)
+                    self._bound_uids.add(pod["metadata"]["uid"])
+                    if node_name in self._nodes:
+                        pod["status"] = self._admit(node_name, requests, pod["status"], now)
+                    else:  # no kubelet yet; counts on the node once it exists
+                        self._add_usage(node_name, requests)
+                self._pods[key] = self._commit(ADDED, POD, pod)
+                out.append(self._pods[key])
+            return out
+
+    def delete_pod(self, namespace: str, name: str) -> dict:
+        """Delete a pod at once (grace period 0) and free what it used on its node.
+
+        Returns:
+            the pod's last state. Raises: NotFound.
+        """
+        with self._lock:
+            return self._delete_pod(f"{namespace}/{name}")
+
+    def create_node(self, obj: Any) -> dict:
+        """Create one node; see `create_nodes`."""
+        return self.create_nodes([obj])[0]
+
+    def create_nodes(self, objs: Iterable[Any]) -> list[dict]:
+        """Create nodes, all or none; each is copied, validated with `NodeInfo.from_object` and
+        given a uid and ``creationTimestamp``.
+
+        Raises:
+            Invalid: an object failed validation. AlreadyExists: a name is taken or repeated.
+        """
+        prepared = [self._prepare_node(o) for o in objs]
+        with self._lock:
+            seen: set[str] = set()
+            for name, _, _ in prepared:
+                if name in self._nodes or name in seen:
+                    raise AlreadyExists(f'nodes "{name}" already exists')
+                seen.add(name)
+            now = _now()
+            out = []
+            for name, node, allocatable in prepared:
+                node["metadata"]["uid"] = self._new_uid()
+                node["metadata"]["creationTimestamp"] = now
+                self._allocatable[name] = allocatable
+                self._nodes[name] = self._commit(ADDED, NODE, node)
+                out.append(self._nodes[name])
+            return out
+
+    def update_node(self, obj: Any) -> dict:
+        """Replace a node's labels, spec and status (uid and creationTimestamp are kept). Pods
+        already bound stay; a smaller allocatable can leave the node overcommitted.
+
+        Raises:
+            NotFound: no node of that name. Invalid: the object failed validation.
+        """
+        name, node, allocatable = self._prepare_node(obj)
+        with self._lock:
+            old = self._nodes.get(name)
+            if old is None:
+                raise NotFound(f'nodes "{name}" not found')
+            for k in ("uid", "creationTimestamp"):
+                node["metadata"][k] = old["metadata"][k]
+            self._allocatable[name] = allocatable
+            self._nodes[name] = self._commit(MODIFIED, NODE, node)
+            return self._nodes[name]
+
+    def cordon(self, name: str, unschedulable: bool = True) -> dict:
+        """Set ``spec.unschedulable`` (``kubectl cordon``/``uncordon``) and the matching taint; no
+        write when it already has that value.
+
+        Returns: the node. Raises: NotFound.
+        """
+        with self._lock:
+            old = self._nodes.get(name)
+            if old is None:
+                raise NotFound(f'nodes "{name}" not found')
+            if bool(old.get("spec", {}).get("unschedulable")) == unschedulable:
+                return old
+            spec = {**old.get("spec", {}), "unschedulable": unschedulable}
+            if not unschedulable:
+                del spec["unschedulable"]
+            _sync_unschedulable_taint(spec)
+            self._nodes[name] = self._commit(MODIFIED, NODE, {**old, "metadata": {**old["metadata"]}, "spec": spec})
+            return self._nodes[name]
+
+    def delete_node(self, name: str, delete_pods: bool = False) -> dict:
+        """Delete a node. Its pods stay bound to the missing node (as with a real API server),
+        unless ``delete_pods``, which also deletes them as the pod GC controller would.
+
+        Returns: the node's last state. Raises: NotFound.
+        """
+        with self._lock:
+            old = self._nodes.pop(name, None)
+            if old is None:
+                raise NotFound(f'nodes "{name}" not found')
+            del self._allocatable[name]
+            self._events.pop(("", name), None)
+            last = self._commit(DELETED, NODE, {**old, "metadata": {**old["metadata"]}})
+            if delete_pods:
+                for key in sorted(self._on_node.get(name, ())):
+                    self._delete_pod(key)
+            return last
+
+    def bind(self, namespace: str, name: str, node_name: str, uid: str | None = None) -> BindResult:
+        """Bind one pod (the ``pods/binding`` subresource); see `bind_many` for the rules.
+
+        Returns:
+            the result (``ok``; ``phase`` Failed when the admission rejected the pod).
+
+        Raises:
+            NotFound, Conflict, ServerError, Timeout: the result's `BindResult.error`.
+        """
+        result = self.bind_many([Binding(namespace, name, node_name, uid)])[0]
+        error = result.error()
+        if error is not None:
+            raise error
+        return result
+
+    def bind_many(self, bindings: Iterable[Binding | tuple]) -> list[BindResult]:
+        """Bind a batch of pods in one call; one result per item, in order, never raising for an
+        item.
+
+        Per item, in this order: an injected 500 or 409 (not applied); 404 if the pod does not
+        exist or ``uid`` is set and differs; 409 if the pod already has ``spec.nodeName``; 404 if
+        the node does not exist; then (unless an injected timeout drops it) the bind is applied:
+        ``spec.nodeName``, condition ``PodScheduled=True``, and the kubelet-like admission sets the
+        phase ``Running``, or ``Failed`` with reason ``OutOf<resource>`` when the node's
+        non-terminal pods plus this one would request more than allocatable of some resource.
+        An injected timeout answers 504 whether or not it applied the bind.
+
+        Cost: O(items x resources per pod), plus the configured latency once per call.
+        """
+        with self._lock:
+            delay_s = self._draw_latency()
+            results = [self._bind_one(*b) for b in bindings]
+        if delay_s > 0:
+            time.sleep(delay_s)
+        return results
+
+    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> bool:
+        """Add or replace a pod condition by type (``podutil.UpdatePodCondition``), e.g.
+        ``{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": ...}``.
+        ``lastTransitionTime`` is set when the status changes.
+
+        Returns:
+            True if the pod changed (a MODIFIED event), False if it already had that condition.
+
+        Raises:
+            NotFound: no such pod. Invalid: no ``type``, or ``status`` not True/False/Unknown.
+        """
+        if not condition.get("type") or not isinstance(condition.get("type"), str):
+            raise Invalid("condition.type: Required value")
+        if condition.get("status") not in _CONDITION_STATUSES:
+            raise Invalid(f"condition.status: {condition.get('status')!r} is not one of {', '.join(_CONDITION_STATUSES)}")
+        key = f"{namespace}/{name}"
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is None:
+                raise NotFound(f'pods "{name}" not found')
+            status = pod.get("status", {})
+            conditions = _with_condition(status.get("conditions", []), condition, _now())
+            if conditions is None:
+                return False
+            new = {**pod, "metadata": {**pod["metadata"]}, "status": {**status, "conditions": conditions}}
+            self._pods[key] = self._commit(MODIFIED, POD, new)
+            return True
+
+    def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str, message: str) -> dict:
+        """Record a core/v1 Event about an object (as an EventRecorder); a repeat of the same
+        (type, reason, message) for the same object increments ``count`` instead.
+
+        Args:
+            obj_ref: an ObjectReference: ``{"kind", "name", "namespace" (omit for nodes), "uid"?}``.
+            type: ``Normal`` or ``Warning``.
+            reason: short CamelCase reason (``FailedScheduling``, ``Scheduled``).
+
+        Returns: the stored Event. Raises: Invalid (no name, no reason, or a bad type).
+        """
+        if type not in _EVENT_TYPES:
+            raise Invalid(f"type: {type!r} is not one of {', '.join(_EVENT_TYPES)}")
+        if not reason:
+            raise Invalid("reason: Required value")
+        name = obj_ref.get("name")
+        if not name:
+            raise Invalid("involvedObject.name: Required value")
+        namespace = obj_ref.get("namespace") or ""
+        now = _now()
+        with self._lock:
+            events = self._events.setdefault((namespace, name), [])
+            for i, ev in enumerate(events):
+                if (ev["type"], ev["reason"], ev["message"]) == (type, reason, message):
+                    events[i] = {**ev, "count": ev["count"] + 1, "lastTimestamp": now}
+                    return events[i]
+            self._event_seq += 1
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{name}.{self._event_seq:x}", "namespace": namespace or "default"},
+                "involvedObject": dict(obj_ref),
+                "type": type,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+            }
+            events.append(event)
+            if len(events) > _EVENTS_PER_OBJECT:
+                del events[0]
+            return event
+
+    # -------------------------------------------------------------------------------- internals
+
+    def _prepare_pod(self, obj: Any) -> tuple[str, dict, dict[str, int]]:
+        """Copy, default and validate a pod outside the lock: (key, pod, requests)."""
+        meta = None
+        try:
+            pod = _copy_tree(as_dict(obj))
+            meta, spec = pod.get("metadata"), pod.get("spec")
+            if isinstance(meta, dict):
+                meta["namespace"] = meta.get("namespace") or "default"
+                for k in ("uid", "resourceVersion", "creationTimestamp"):
+                    meta.pop(k, None)
+            if isinstance(spec, dict):
+                spec["schedulerName"] = spec.get("schedulerName") or "default-scheduler"
+            info = PodInfo.from_object(pod, self._priority_classes)
+            validate_name(info.name, "metadata.name")
+            validate_name(info.namespace, "metadata.namespace", label=True)
+        except InvalidObjectError as e:
+            where = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else ""
+            raise Invalid(str(e.located(where) if where else e)) from None
+        pod.setdefault("apiVersion", "v1")
+        pod.setdefault("kind", POD)
+        spec["priority"] = info.priority
+        pod["status"] = {"phase": "Pending"}
+        return info.key, pod, _admission_ordered(info.requests)
+
+    def _prepare_node(self, obj: Any) -> tuple[str, dict, dict[str, int]]:
+        """Copy and validate a node outside the lock: (name, node, allocatable)."""
+        try:
+            node = _copy_tree(as_dict(obj))
+            info = NodeInfo.from_object(node)
+            validate_name(info.name, "metadata.name")
+        except InvalidObjectError as e:
+            raise Invalid(str(e)) from None
+        node.setdefault("apiVersion", "v1")
+        node.setdefault("kind", NODE)
+        for k in ("uid", "resourceVersion", "creationTimestamp"):
+            node["metadata"].pop(k, None)
+        node["spec"] = dict(node.get("spec") or {})
+        _sync_unschedulable_taint(node["spec"])
+        return info.name, node, info.allocatable
+
+    def _new_uid(self) -> str:
+        return str(uuid.UUID(int=self._uid_rng.getrandbits(128), version=4))
+
+    def _commit(self, type_: str, kind: str, obj: dict) -> dict:
+        """Give ``obj`` (whose metadata dict is fresh) the next resourceVersion and append its
+        watch event; trim the history. Every write goes through here exactly once, which keeps the
+        history contiguous in resourceVersion."""
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append(WatchEvent(type_, kind, obj, self._rv))
+        if len(self._history) > self._history_limit + self._history_slack:
+            drop = len(self._history) - self._history_limit
+            self._compacted_rv = self._history[drop - 1].rv
+            del self._history[:drop]
+        return obj
+
+    def _add_usage(self, node_name: str, requests: Mapping[str, int], sign: int = 1) -> None:
+        used = self._requested.setdefault(node_name, {})
+        for r, v in requests.items():
+            used[r] = used.get(r, 0) + sign * v
+
+    def _admit(self, node_name: str, requests: dict[str, int], status: dict, now: str) -> dict:
+        """Kubelet-like admission of a pod bound to an existing node; returns its new status and,
+        when admitted, adds its requests to the node's totals."""
+        alloc = self._allocatable[node_name]
+        used = self._requested.setdefault(node_name, {})
+        conditions = _with_condition(status.get("conditions", []), {"type": "PodScheduled", "status": "True"}, now)
+        status = {**status, "conditions": status.get("conditions", []) if conditions is None else conditions}
+        for r, want in requests.items():
+            have = used.get(r, 0)
+            if have + want > alloc.get(r, 0):
+                self._stats["admission_rejections"] += 1
+                status.update(
+                    phase="Failed",
+                    reason=f"OutOf{r}",
+                    message=(f"Pod was rejected: Node didn't have enough resource: {r}, requested: {want}, "
+                             f"used: {have}, capacity: {alloc.get(r, 0)}"),
+                )
+                return status
+        for r, want in requests.items():
+            used[r] = used.get(r, 0) + want
+        status["phase"] = "Running"
+        status["startTime"] = now
+        return status
+
+    def _draw_latency(self) -> float:
+        f = self._faults
+        return f.bind_latency_s + (self._rng.uniform(0.0, f.bind_jitter_s) if f.bind_jitter_s else 0.0)
+
+    def _draw_fault(self) -> int:
+        """0 (no fault), 500, 409 or 504, drawn per bind item."""
+        f = self._faults
+        if not f.injects_errors:
+            return 0
+        x = self._rng.random()
+        for code, rate in ((500, f.bind_error_rate), (409, f.bind_conflict_rate), (504, f.bind_timeout_rate)):
+            if x < rate:
+                return code
+            x -= rate
+        return 0
+
+    def _bind_one(self, namespace: str, name: str, node_name: str, uid: str | None = None) -> BindResult:
+        fault = self._draw_fault()
+        if fault == 500:
+            self._injected["server_errors"] += 1
+            return BindResult(namespace, name, node_name, 500, ServerError.reason, "injected: internal error")
+        if fault == 409:
+            self._injected["conflicts"] += 1
+            self._stats["bind_conflicts"] += 1
+            return BindResult(namespace, name, node_name, 409, Conflict.reason,
+                              f'injected: Operation cannot be fulfilled on pods/binding "{name}"')
+        key = f"{namespace}/{name}"
+        pod = self._pods.get(key)
+        error: tuple[int, str, str] | None = None
+        if pod is None or (uid and pod["metadata"]["uid"] != uid):
+            error = (404, NotFound.reason, f'pods "{name}" not found')
+        elif pod["spec"].get("nodeName"):
+            error = (409, Conflict.reason, f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
+                                           f'is already assigned to node "{pod["spec"]["nodeName"]}"')
+        elif node_name not in self._nodes:
+            error = (404, NotFound.reason, f'nodes "{node_name}" not found')
+        if fault == 504:
+            self._injected["timeouts"] += 1
+            if self._rng.random() < self._faults.timeout_applied_fraction and error is None:
+                self._injected["timeouts_applied"] += 1
+                self._apply_bind(key, pod, node_name)
+            return BindResult(namespace, name, node_name, 504, Timeout.reason,
+                              "the server was unable to return a response in the time allotted")
+        if error is not None:
+            if error[0] == 409:
+                self._stats["bind_conflicts"] += 1
+            return BindResult(namespace, name, node_name, *error)
+        status = self._apply_bind(key, pod, node_name)
+        return BindResult(namespace, name, node_name, _OK, status.get("reason", ""), status.get("message", ""),
+                          status["phase"])
+
+    def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:
+        """Write the binding and the admission outcome; returns the pod's new status."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._bound_uids:
+            self._stats["double_binds"] += 1
+        self._bound_uids.add(uid)
+        self._stats["binds"] += 1
+        status = self._admit(node_name, self._requests[key], pod.get("status", {}), _now())
+        new = {**pod, "metadata": {**pod["metadata"]}, "spec": {**pod["spec"], "nodeName": node_name}, "status": status}
+        self._pods[key] = self._commit(MODIFIED, POD, new)
+        self._on_node.setdefault(node_name, set()).add(key)
+        return status
+
+    def _delete_pod(self, key: str) -> dict:
+        pod = self._pods.pop(key, None)
+        if pod is None:
+            raise NotFound(f'pods "{key.split("/", 1)[1]}" not found')
+        requests = self._requests.pop(key)
+        node_name = pod["spec"].get("nodeName")
+        if node_name:
+            self._bound_uids.discard(pod["metadata"]["uid"])
+            on_node = self._on_node[node_name]
+            on_node.discard(key)
+            if not on_node:
+                del self._on_node[node_name]
+            if pod["status"]["phase"] not in TERMINAL_PHASES:
+                self._add_usage(node_name, requests, -1)
+        self._events.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]), None)
+        return self._commit(DELETED, POD, {**pod, "metadata": {**pod["metadata"]}})

@@ -1,0 +1,329 @@
+"""Load the Alibaba GPU cluster trace v2023 ("openb") into Node and Pod dicts, and replay it.
+
+Data: https://github.com/alibaba/clusterdata, ``cluster-trace-gpu-v2023/csv/``; cite Weng et al.,
+"Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent",
+USENIX ATC '23. Column meanings are in ``../shared/data/alibaba-gpu-v2023/README.md``.
+
+Nodes (``sn,cpu_milli,memory_mib,gpu,model``) become Nodes with allocatable ``cpu: <m>m``,
+``memory: <Mi>Mi``, ``pods: 110`` and, on GPU nodes, ``nvidia.com/gpu: <gpu>`` and
+``alibabacloud.com/gpu-milli: <gpu * 1000>``; a non-empty ``model`` becomes the label
+``shardsched.io/gpu-model=<model>``.
+
+Pods become one-container Pods requesting ``cpu: <m>m`` and ``memory: <Mi>Mi``, plus GPUs:
+
+- whole GPUs (``gpu_milli == 1000``): ``nvidia.com/gpu: num_gpu`` and
+  ``alibabacloud.com/gpu-milli: num_gpu * 1000``;
+- a share of one GPU (``num_gpu == 1, gpu_milli < 1000``): ``alibabacloud.com/gpu-milli:
+  gpu_milli`` only.
+
+Extended resources are set as limits equal to requests, as the API server requires. Asking a shared
+pod for a whole ``nvidia.com/gpu`` would waste the GPU it shares, and asking for none would let it
+land on GPU-less nodes, so GPU capacity is also counted in thousandths (``gpu-milli``), which every
+GPU pod consumes. This accounts shared GPU capacity **in aggregate per node, not per device**: a
+node with two GPUs each 60% used has 800 gpu-milli free and accepts a 700-milli pod that no single
+device could hold, and a whole-GPU pod fits where two half-used GPUs add up to one free one. A
+scheduler using these resources therefore never overcommits a node's total GPU capacity, but may
+place GPU work that a per-device allocator (the node's GPU-sharing device plugin) would refuse
+because no single GPU has the room: the fragmentation the paper studies.
+
+``gpu_spec`` (``A|B``, any of the models) becomes a required node affinity
+``shardsched.io/gpu-model In [A, B]``; ``qos`` becomes the label ``shardsched.io/qos``.
+``pod_phase`` and ``scheduled_time`` are production outcomes, not inputs, and are not used.
+Files without time columns (the 5-column ``multigpu`` lists) load with every pod created at 0 and
+never deleted.
+
+Malformed rows are skipped, each with a ``file:line: what`` message in the `LoadReport`; a file
+that is missing or whose header lacks a required column raises one `TraceError`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, NamedTuple
+
+from shardsched.errors import InvalidObjectError
+from shardsched.sim.cluster import validate_name
+from shardsched.sim.errors import TraceError
+from shardsched.sim.workload import PAUSE_IMAGE, SCHEDULER_NAME
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_MILLI_RESOURCE = "alibabacloud.com/gpu-milli"
+GPU_MODEL_LABEL = "shardsched.io/gpu-model"
+QOS_LABEL = "shardsched.io/qos"
+#: Allocatable pods of every trace node (the kubelet's default maxPods; the trace has no limit).
+NODE_MAX_PODS = 110
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+#: Optional pod columns; ``creation_time`` and ``deletion_time`` are read when present.
+POD_TIME_COLUMNS = ("creation_time", "deletion_time")
+
+#: Largest count accepted in a numeric column: keeps ``memory_mib`` in bytes far below the 2**62
+#: that `shardsched.api.quantity` accepts.
+_MAX_COUNT = 2**40
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+class _RowError(Exception):
+    """One malformed field; becomes a ``file:line: what`` line of the report."""
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """What a load did: ``rows`` data rows read, ``loaded`` objects built, and one
+    ``file:line: what`` message per skipped row."""
+
+    path: str
+    rows: int = 0
+    loaded: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+class TracePod(NamedTuple):
+    """A trace pod: seconds from trace start when it was created and deleted (None: never)."""
+
+    creation_time_s: float
+    deletion_time_s: float | None
+    pod: dict
+
+
+def _count(row: dict[str, str], column: str) -> int:
+    value = row[column].strip()
+    try:
+        n = int(value)
+    except ValueError:
+        raise _RowError(f"{column} {value!r} is not an integer") from None
+    if n < 0:
+        raise _RowError(f"{column} {n} is negative")
+    if n > _MAX_COUNT:
+        raise _RowError(f"{column} {n} is implausibly large (> 2**40)")
+    return n
+
+
+def _seconds(row: dict[str, str], column: str) -> float:
+    value = row[column].strip()
+    try:
+        t = float(value)
+    except ValueError:
+        raise _RowError(f"{column} {value!r} is not a number of seconds") from None
+    if not math.isfinite(t) or t < 0:
+        raise _RowError(f"{column} {value!r} is not a time >= 0")
+    return t
+
+
+def _label_value(value: str, column: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        raise _RowError(f"{column} {value!r} is not a valid label value")
+    return value
+
+
+def _object_name(row: dict[str, str], column: str) -> str:
+    name = row[column].strip()
+    try:
+        validate_name(name, column)
+    except InvalidObjectError as e:
+        raise _RowError(str(e)) from None
+    return name
+
+
+_Build = Callable[[dict[str, str]], tuple[str, object]]
+
+
+def _read(path: str | Path, prepare: Callable[[list[str]], tuple[tuple[str, ...], _Build]]) -> tuple[list, LoadReport]:
+    """Read a CSV file: ``prepare(header) -> (required columns, build)``, then
+    ``build(row) -> (name, item)`` per row. Rows that raise `_RowError`, have the wrong number of
+    fields, or repeat a name are skipped and reported."""
+    report = LoadReport(str(path))
+    label = Path(path).name
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
+            required, build = prepare(header)
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise TraceError(f"{label}:1: header lacks column(s) {', '.join(missing)}; expected "
+                                 f"{','.join(required)}..., found {','.join(header) or 'an empty file'}")
+            items = []
+            first_line: dict[str, int] = {}
+            for fields in reader:
+                if not fields:
+                    continue
+                report.rows += 1
+                where = f"{label}:{reader.line_num}"
+                if len(fields) != len(header):
+                    report.skipped.append(f"{where}: expected {len(header)} fields, got {len(fields)}")
+                    continue
+                try:
+                    name, item = build(dict(zip(header, fields)))
+                except _RowError as e:
+                    report.skipped.append(f"{where}: {e}")
+                    continue
+                if name in first_line:
+                    report.skipped.append(f"{where}: duplicate name {name!r} (first at line {first_line[name]})")
+                    continue
+                first_line[name] = reader.line_num
+                items.append(item)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read the trace: {e.strerror or e}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise TraceError(f"{path}: not a CSV text file: {e}") from None
+    report.loaded = len(items)
+    return items, report
+
+
+def _node(row: dict[str, str]) -> tuple[str, dict]:
+    name = _object_name(row, "sn")
+    cpu, mem, gpu = _count(row, "cpu_milli"), _count(row, "memory_mib"), _count(row, "gpu")
+    model = _label_value(row["model"].strip(), "model")
+    resources = {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": str(NODE_MAX_PODS)}
+    if gpu:
+        resources[GPU_RESOURCE] = str(gpu)
+        resources[GPU_MILLI_RESOURCE] = str(gpu * 1000)
+    labels = {"kubernetes.io/hostname": name}
+    if model:
+        labels[GPU_MODEL_LABEL] = model
+    return name, {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {"capacity": dict(resources), "allocatable": resources,
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def load_nodes(path: str | Path) -> tuple[list[dict], LoadReport]:
+    """Node dicts from an ``openb_node_list_*.csv`` file, in file order (see the module docstring).
+
+    Raises:
+        TraceError: the file cannot be read or its header lacks a column of `NODE_COLUMNS`.
+    """
+    return _read(path, lambda header: (NODE_COLUMNS, _node))
+
+
+def _gpu_resources(num_gpu: int, gpu_milli: int) -> dict[str, str]:
+    """Extended resources of a pod under the trace's GPU rule (module docstring)."""
+    if num_gpu == 0:
+        if gpu_milli:
+            raise _RowError(f"gpu_milli {gpu_milli} without num_gpu")
+        return {}
+    if not 1 <= gpu_milli <= 1000:
+        raise _RowError(f"gpu_milli {gpu_milli} is not in 1..1000")
+    if gpu_milli == 1000:
+        return {GPU_RESOURCE: str(num_gpu), GPU_MILLI_RESOURCE: str(num_gpu * 1000)}
+    if num_gpu != 1:
+        raise _RowError(f"a GPU share (gpu_milli {gpu_milli}) needs num_gpu 1, got {num_gpu}")
+    return {GPU_MILLI_RESOURCE: str(gpu_milli)}
+
+
+def _pod_builder(namespace: str, scheduler_name: str, timed: bool) -> _Build:
+    def build(row: dict[str, str]) -> tuple[str, TracePod]:
+        name = _object_name(row, "name")
+        cpu, mem = _count(row, "cpu_milli"), _count(row, "memory_mib")
+        gpus = _gpu_resources(_count(row, "num_gpu"), _count(row, "gpu_milli"))
+        created, deleted = 0.0, None
+        if timed:
+            created = _seconds(row, "creation_time")
+            if row["deletion_time"].strip():
+                deleted = _seconds(row, "deletion_time")
+                if deleted < created:
+                    raise _RowError(f"deletion_time {deleted:g} is before creation_time {created:g}")
+        resources: dict = {"requests": {"cpu": f"{cpu}m", "memory": f"{mem}Mi", **gpus}}
+        if gpus:
+            resources["limits"] = dict(gpus)
+        spec: dict = {
+            "schedulerName": scheduler_name,
+            "containers": [{"name": "main", "image": PAUSE_IMAGE, "resources": resources}],
+        }
+        raw_spec = row.get("gpu_spec", "").strip()
+        if raw_spec:
+            models = sorted({_label_value(m.strip(), "gpu_spec") for m in raw_spec.split("|") if m.strip()})
+            if not models:
+                raise _RowError(f"gpu_spec {raw_spec!r} names no GPU model")
+            term = {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": models}]}
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+        meta: dict = {"name": name, "namespace": namespace}
+        qos = row.get("qos", "").strip()
+        if qos:
+            meta["labels"] = {QOS_LABEL: _label_value(qos, "qos")}
+        return name, TracePod(created, deleted, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+
+    return build
+
+
+def load_pods(path: str | Path, namespace: str = "default",
+              scheduler_name: str = SCHEDULER_NAME) -> tuple[list[TracePod], LoadReport]:
+    """Pods from an ``openb_pod_list_*.csv`` file, in file order (see the module docstring).
+
+    Args:
+        namespace, scheduler_name: set on every pod.
+
+    Returns:
+        ([(creation_time_s, deletion_time_s or None, pod dict)], report). Without a
+        ``creation_time`` column every pod is created at 0 and never deleted.
+
+    Raises:
+        TraceError: the file cannot be read or its header lacks a column of `POD_COLUMNS` (or has
+            only one of ``creation_time``/``deletion_time``).
+    """
+    def prepare(header: list[str]) -> tuple[tuple[str, ...], _Build]:
+        timed = any(c in header for c in POD_TIME_COLUMNS)
+        return POD_COLUMNS + (POD_TIME_COLUMNS if timed else ()), _pod_builder(namespace, scheduler_name, timed)
+
+    return _read(path, prepare)
+
+
+CREATE, DELETE = "create", "delete"
+
+
+class ReplayStep(NamedTuple):
+    """One replay action: at ``due_s`` (seconds after the first creation, scaled), ``action``
+    `CREATE` or `DELETE` the ``pod``."""
+
+    due_s: float
+    action: str
+    pod: dict
+
+
+class TraceReplay:
+    """Trace pods as a time-ordered list of create and delete steps.
+
+    Times are shifted so the first creation is at 0 and divided by ``time_scale`` (100 replays a
+    day in under 15 minutes). Among steps due at the same time, deletions come first (they free
+    room), then creations, then deletions of pods created at that same instant (a pod is never
+    deleted before it is created); ties otherwise keep the input order. Pods never deleted get no
+    delete step.
+
+    Args:
+        pods: (creation_time_s, deletion_time_s or None, pod) items, e.g. from `load_pods`.
+        time_scale: > 0.
+
+    Raises:
+        ValueError: ``time_scale`` <= 0.
+    """
+
+    def __init__(self, pods: Iterable[TracePod], time_scale: float = 1.0) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        pods = list(pods)
+        t0 = min((p[0] for p in pods), default=0.0)
+        keyed: list[tuple[float, int, int, ReplayStep]] = []
+        for seq, (created, deleted, pod) in enumerate(pods):
+            due = (created - t0) / time_scale
+            keyed.append((due, 1, seq, ReplayStep(due, CREATE, pod)))
+            if deleted is not None:
+                due = (deleted - t0) / time_scale
+                keyed.append((due, 2 if deleted == created else 0, seq, ReplayStep(due, DELETE, pod)))
+        keyed.sort(key=lambda k: k[:3])
+        self.steps: list[ReplayStep] = [k[3] for k in keyed]
+
+    def __iter__(self) -> Iterator[ReplayStep]:
+        return iter(self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
