@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -22,6 +23,22 @@ SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 #: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass
 #: NodeUnschedulable (as kube-scheduler's NodeUnschedulable plugin).
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+
+
+_INT64_RE = re.compile(r"[+-]?[0-9]+")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def parse_int64(value: str) -> int | None:
+    """``value`` as Go's ``strconv.ParseInt(value, 10, 64)`` reads it, or None where Go fails.
+
+    Stricter than Python's ``int``: no surrounding spaces, no ``_`` separators, no non-ASCII
+    digits, and within int64. Labels compared by node selector ``Gt``/``Lt`` are read this way.
+    """
+    if not _INT64_RE.fullmatch(value):
+        return None
+    number = int(value)
+    return number if _INT64_MIN <= number <= _INT64_MAX else None
 
 
 def as_dict(obj: Any) -> dict:
@@ -154,10 +171,8 @@ def _requirements(items: Any, path: str, fields: bool) -> tuple[Requirement, ...
         if op in ("Gt", "Lt"):
             if len(values) != 1:
                 raise InvalidObjectError(f"{op} needs exactly one value", f"{p}.values")
-            try:
-                int(values[0])
-            except ValueError:
-                raise InvalidObjectError(f"{op} value {values[0]!r} is not an integer", f"{p}.values") from None
+            if parse_int64(values[0]) is None:
+                raise InvalidObjectError(f"{op} value {values[0]!r} is not a 64-bit integer", f"{p}.values")
         if fields:
             if key != "metadata.name":
                 raise InvalidObjectError(f"field {key!r} is not supported (only metadata.name)", f"{p}.key")
@@ -376,8 +391,10 @@ class PodInfo:
         return info
 
     def compute_signature(self) -> str:
-        """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports."""
+        """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
+        and ``spec.nodeName`` (the NodeName filter depends on it)."""
         parts = (
+            self.node_name,
             sorted(self.requests.items()),
             self.nonzero_cpu_milli,
             self.nonzero_memory_bytes,

@@ -1,0 +1,285 @@
+"""Plugin args: the ``pluginConfig[].args`` of a profile, defaulted and validated like upstream.
+
+Each type mirrors kube-scheduler's ``kubescheduler.config.k8s.io/v1`` ``<Plugin>Args``: defaults as
+the ``SetDefaults_<Plugin>Args`` functions (pkg/scheduler/apis/config/v1/defaults.go), checks as
+pkg/scheduler/apis/config/validation/validation_pluginargs.go. ``apiVersion`` and ``kind`` inside
+args are accepted (kube writes them) and checked by `validate_plugin_args`; they are not kept.
+Plugins without an args type take `NoArgs` (no field besides ``apiVersion``/``kind``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Mapping, Optional
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from shardsched.api.objects import parse_node_affinity
+from shardsched.config.base import ConfigModel, Loc, error_lines, fail, fail_from, render_path
+from shardsched.config.registry import (
+    API_VERSION, DEPRECATED_API_VERSIONS, SUPPORTED_PLUGINS, unsupported_plugin_message,
+)
+from shardsched.errors import ConfigError, InvalidObjectError
+
+LEAST_ALLOCATED = "LeastAllocated"
+REQUESTED_TO_CAPACITY_RATIO = "RequestedToCapacityRatio"
+#: kube's MaxCustomPriorityScore: the highest score of a RequestedToCapacityRatio shape point
+MAX_CUSTOM_PRIORITY_SCORE = 10
+#: kube's resource weight range for NodeResourcesFit scoring, (0, 100]
+MAX_RESOURCE_WEIGHT = 100
+
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def qualified_name_problem(value: str) -> str | None:
+    """Why ``value`` is not a label name (``[prefix/]name``), or None; as apimachinery's IsQualifiedName."""
+    prefix, _, name = value.rpartition("/")
+    if "/" in prefix:
+        return "must be a name with at most one '/' (an optional DNS subdomain prefix, '/', then a name)"
+    if "/" in value and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return "prefix must be a lowercase DNS subdomain of at most 253 characters"
+    if not name or len(name) > 63 or not _NAME_PART.fullmatch(name):
+        return ("name part must be at most 63 characters: alphanumerics, '-', '_' or '.', "
+                "starting and ending with an alphanumeric")
+    return None
+
+
+class PluginArgs(ConfigModel):
+    """Base of the args types; drops ``apiVersion``/``kind`` (type metadata, checked by the loader)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_type_meta(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in ("apiVersion", "kind")}
+        return data
+
+
+class NoArgs(PluginArgs):
+    """Args of a plugin that takes none (PrioritySort, NodeUnschedulable, NodeName, ...)."""
+
+
+class ResourceSpec(ConfigModel):
+    """One resource and its weight; a weight of 0 (or none) means 1, as upstream defaulting."""
+
+    name: str = Field(min_length=1)
+    weight: int = 1
+
+    @field_validator("weight")
+    @classmethod
+    def _default_weight(cls, weight: int) -> int:
+        return weight or 1
+
+
+def _default_resources() -> list[ResourceSpec]:
+    """kube's ``defaultResourceSpec``: cpu and memory, weight 1 each."""
+    return [ResourceSpec(name="cpu", weight=1), ResourceSpec(name="memory", weight=1)]
+
+
+class UtilizationShapePoint(ConfigModel):
+    """A point of the RequestedToCapacityRatio function: utilization in [0, 100] -> score in [0, 10]."""
+
+    utilization: int = Field(0, ge=0, le=100)
+    score: int = Field(0, ge=0, le=MAX_CUSTOM_PRIORITY_SCORE)
+
+
+class RequestedToCapacityRatioParam(ConfigModel):
+    """The shape of the RequestedToCapacityRatio strategy: at least one point, utilization increasing."""
+
+    shape: list[UtilizationShapePoint] = Field(default_factory=list)
+
+    @field_validator("shape")
+    @classmethod
+    def _check_shape(cls, shape: list[UtilizationShapePoint]) -> list[UtilizationShapePoint]:
+        if not shape:
+            fail("at least one point must be specified")
+        for i in range(1, len(shape)):
+            if shape[i - 1].utilization >= shape[i].utilization:
+                fail("values must be sorted in increasing order", i, "utilization")
+        return shape
+
+
+class ScoringStrategy(ConfigModel):
+    """How NodeResourcesFit scores nodes (upstream ``ScoringStrategy``).
+
+    Attributes:
+        type: LeastAllocated, MostAllocated or RequestedToCapacityRatio; required.
+        resources: resources scored and their weights in [1, 100]; empty = cpu 1, memory 1.
+        requested_to_capacity_ratio: the shape, required for (and only allowed with)
+            RequestedToCapacityRatio.
+    """
+
+    type: Literal["LeastAllocated", "MostAllocated", "RequestedToCapacityRatio"]
+    resources: list[ResourceSpec] = Field(default_factory=_default_resources)
+    requested_to_capacity_ratio: Optional[RequestedToCapacityRatioParam] = None
+
+    @field_validator("resources")
+    @classmethod
+    def _check_resources(cls, resources: list[ResourceSpec]) -> list[ResourceSpec]:
+        for i, res in enumerate(resources):
+            if not 0 < res.weight <= MAX_RESOURCE_WEIGHT:
+                fail(f"resource weight of {res.name} not in valid range (0, {MAX_RESOURCE_WEIGHT}]", i, "weight")
+        return resources or _default_resources()
+
+    @model_validator(mode="after")
+    def _check_shape_given(self) -> "ScoringStrategy":
+        if self.type == REQUESTED_TO_CAPACITY_RATIO and self.requested_to_capacity_ratio is None:
+            fail("must be specified when type is RequestedToCapacityRatio", "requestedToCapacityRatio")
+        if self.type != REQUESTED_TO_CAPACITY_RATIO and self.requested_to_capacity_ratio is not None:
+            fail("must not be set when type is not RequestedToCapacityRatio", "requestedToCapacityRatio")
+        return self
+
+
+class NodeResourcesFitArgs(PluginArgs):
+    """Args of NodeResourcesFit (upstream ``NodeResourcesFitArgs``).
+
+    Attributes:
+        ignored_resources: resource names (label-name syntax) the Filter does not check.
+        ignored_resource_groups: resource domain prefixes (no '/') the Filter does not check.
+        scoring_strategy: default LeastAllocated on cpu 1, memory 1.
+    """
+
+    ignored_resources: list[str] = Field(default_factory=list)
+    ignored_resource_groups: list[str] = Field(default_factory=list)
+    scoring_strategy: ScoringStrategy = Field(
+        default_factory=lambda: ScoringStrategy(type=LEAST_ALLOCATED))
+
+    @field_validator("ignored_resources")
+    @classmethod
+    def _check_ignored_resources(cls, names: list[str]) -> list[str]:
+        for i, name in enumerate(names):
+            problem = qualified_name_problem(name)
+            if problem:
+                fail(problem, i)
+        return names
+
+    @field_validator("ignored_resource_groups")
+    @classmethod
+    def _check_ignored_groups(cls, groups: list[str]) -> list[str]:
+        for i, group in enumerate(groups):
+            problem = "resource group name can't contain '/'" if "/" in group else qualified_name_problem(group)
+            if problem:
+                fail(problem, i)
+        return groups
+
+
+class NodeResourcesBalancedAllocationArgs(PluginArgs):
+    """Args of NodeResourcesBalancedAllocation: resources (no duplicates, weight 1); default cpu, memory."""
+
+    resources: list[ResourceSpec] = Field(default_factory=_default_resources)
+
+    @field_validator("resources")
+    @classmethod
+    def _check_resources(cls, resources: list[ResourceSpec]) -> list[ResourceSpec]:
+        seen: set[str] = set()
+        for i, res in enumerate(resources):
+            if res.name in seen:
+                fail(f"duplicate resource {res.name!r}", i, "name")
+            seen.add(res.name)
+            if res.weight != 1:
+                fail("must be 1", i, "weight")
+        return resources or _default_resources()
+
+
+class _NodeSelectorRequirement(ConfigModel):
+    key: str
+    operator: str
+    values: list[str] = Field(default_factory=list)
+
+
+class _NodeSelectorTerm(ConfigModel):
+    match_expressions: list[_NodeSelectorRequirement] = Field(default_factory=list)
+    match_fields: list[_NodeSelectorRequirement] = Field(default_factory=list)
+
+
+class _NodeSelector(ConfigModel):
+    node_selector_terms: list[_NodeSelectorTerm] = Field(default_factory=list)
+
+
+class _PreferredSchedulingTerm(ConfigModel):
+    weight: int
+    preference: _NodeSelectorTerm
+
+
+class _NodeAffinity(ConfigModel):
+    """The fields of a core/v1 NodeAffinity, to reject unknown or mistyped ones."""
+
+    required_during_scheduling_ignored_during_execution: Optional[_NodeSelector] = None
+    preferred_during_scheduling_ignored_during_execution: list[_PreferredSchedulingTerm] = Field(default_factory=list)
+
+
+class NodeAffinityArgs(PluginArgs):
+    """Args of NodeAffinity: ``addedAffinity``, a core/v1 NodeAffinity applied to every pod.
+
+    Kept as the dict it was written as (camelCase keys); checked field by field (unknown fields are
+    errors) and then as a pod's node affinity is (`shardsched.api.objects.parse_node_affinity`),
+    as upstream ``ValidateNodeAffinityArgs``.
+    """
+
+    added_affinity: Optional[dict[str, Any]] = None
+
+    @field_validator("added_affinity")
+    @classmethod
+    def _check_added_affinity(cls, added: dict[str, Any]) -> dict[str, Any]:
+        try:
+            _NodeAffinity.model_validate(added, by_name=False)
+            parse_node_affinity(added, "")
+        except ValidationError as exc:
+            fail_from(exc)
+        except InvalidObjectError as exc:
+            fail(exc.message, exc.path)
+        return added
+
+
+#: Plugins that have an args type; every other supported plugin takes `NoArgs`.
+ARGS_TYPES: dict[str, type[PluginArgs]] = {
+    "NodeResourcesFit": NodeResourcesFitArgs,
+    "NodeResourcesBalancedAllocation": NodeResourcesBalancedAllocationArgs,
+    "NodeAffinity": NodeAffinityArgs,
+}
+
+
+def validate_plugin_args(name: str, args: Any, loc: Loc = ("args",)) -> tuple[PluginArgs | None, list[tuple[str, str]]]:
+    """Default and validate the args of plugin ``name`` (one of `SUPPORTED_PLUGINS`).
+
+    Args:
+        args: the ``args`` mapping as written (camelCase keys), or None for the defaults.
+        loc: where the args are, for error paths.
+
+    Returns:
+        (args or None, errors as (field path, message) pairs); args is None when errors is not empty.
+    """
+    args_type = ARGS_TYPES.get(name, NoArgs)
+    if args is None:
+        return args_type(), []
+    if not isinstance(args, Mapping):
+        return None, [(render_path(loc), f"must be an object ({name}Args), got {type(args).__name__}")]
+    errors = []
+    kind = args.get("kind")
+    if kind is not None and kind != f"{name}Args":
+        errors.append((render_path(loc + ("kind",)), f"must be {name}Args (args of plugin {name}), got {kind!r}"))
+    version = args.get("apiVersion")
+    if version is not None and version not in (API_VERSION, *DEPRECATED_API_VERSIONS):
+        errors.append((render_path(loc + ("apiVersion",)), f"must be {API_VERSION}, got {version!r}"))
+    try:
+        parsed = args_type.model_validate(dict(args), by_name=False)
+    except ValidationError as exc:
+        return None, errors + error_lines(exc, loc)
+    return (None, errors) if errors else (parsed, [])
+
+
+def parse_plugin_args(name: str, args: Any = None) -> PluginArgs:
+    """`validate_plugin_args` for callers outside a config file (plugin factories, tests).
+
+    Raises:
+        ConfigError: ``name`` is not a supported plugin, or the args are invalid (the message names
+            each field path under ``args``).
+    """
+    if name not in SUPPORTED_PLUGINS:
+        raise ConfigError(unsupported_plugin_message(name))
+    parsed, errors = validate_plugin_args(name, args)
+    if errors:
+        raise ConfigError("\n".join(f"{path}: {message}" for path, message in errors))
+    assert parsed is not None
+    return parsed

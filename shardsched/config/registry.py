@@ -1,0 +1,89 @@
+"""Plugin names, the extension points each implements, and the default plugin set.
+
+Names are kube-scheduler's, exactly. The defaults are kube-scheduler v1.28's
+(``getDefaultPlugins`` in pkg/scheduler/apis/config/v1/default_plugins.go) restricted to the plugins
+shardsched implements: one ``multiPoint`` list, in upstream order and with upstream weights, that the
+framework expands to every extension point each plugin implements (see `shardsched.config.merge`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+API_GROUP = "kubescheduler.config.k8s.io"
+API_VERSION = f"{API_GROUP}/v1"
+#: Removed from kube-scheduler in v1.29; its schema is v1's for every field shardsched reads.
+DEPRECATED_API_VERSIONS = (f"{API_GROUP}/v1beta3",)
+KIND = "KubeSchedulerConfiguration"
+DEFAULT_SCHEDULER_NAME = "default-scheduler"
+
+MULTI_POINT = "multiPoint"
+#: Extension points in the YAML spelling, in the order of a scheduling then a binding cycle.
+EXTENSION_POINTS = (
+    "preEnqueue", "queueSort", "preFilter", "filter", "postFilter", "preScore", "score",
+    "reserve", "permit", "preBind", "bind", "postBind",
+)
+SCORE = "score"
+
+#: Which extension points each supported plugin implements (as the Go types of kube v1.28 do).
+PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
+    "PrioritySort": ("queueSort",),
+    "NodeUnschedulable": ("filter",),
+    "NodeName": ("filter",),
+    "TaintToleration": ("filter", "preScore", "score"),
+    "NodeAffinity": ("preFilter", "filter", "preScore", "score"),
+    "NodePorts": ("preFilter", "filter"),
+    "NodeResourcesFit": ("preFilter", "filter", "preScore", "score"),
+    "NodeResourcesBalancedAllocation": ("preScore", "score"),
+    "DefaultBinder": ("bind",),
+}
+SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
+
+
+#: kube-scheduler plugins shardsched does not implement: harmless in ``disabled`` lists (kube's
+#: defaults enable them, so real configs disable them), an error anywhere else.
+UNIMPLEMENTED_PLUGINS = frozenset({
+    "ImageLocality", "PodTopologySpread", "InterPodAffinity", "VolumeBinding", "VolumeRestrictions",
+    "VolumeZone", "NodeVolumeLimits", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
+    "DefaultPreemption", "SchedulingGates", "DynamicResources",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRef:
+    """One plugin at one extension point.
+
+    Attributes:
+        name: the plugin's kube name.
+        weight: Score weight (>= 1) at the ``score`` point of a resolved profile; 0 elsewhere. In a
+            not yet resolved plugin set, 0 means "not given" (a nil weight upstream).
+    """
+
+    name: str
+    weight: int = 0
+
+
+#: kube v1.28's default ``multiPoint`` list, restricted to the supported plugins.
+DEFAULT_MULTI_POINT: tuple[PluginRef, ...] = (
+    PluginRef("PrioritySort"),
+    PluginRef("NodeUnschedulable"),
+    PluginRef("NodeName"),
+    PluginRef("TaintToleration", 3),
+    PluginRef("NodeAffinity", 2),
+    PluginRef("NodePorts"),
+    PluginRef("NodeResourcesFit", 1),
+    PluginRef("NodeResourcesBalancedAllocation", 1),
+    PluginRef("DefaultBinder"),
+)
+
+
+def unsupported_plugin_message(name: str) -> str:
+    """Why ``name`` cannot be enabled or configured, with the supported names (and a near miss)."""
+    supported = ", ".join(SUPPORTED_PLUGINS)
+    if name in UNIMPLEMENTED_PLUGINS:
+        return (f"shardsched does not implement kube-scheduler's {name} plugin (it may only be "
+                f"disabled); supported plugins: {supported}")
+    close = difflib.get_close_matches(name, SUPPORTED_PLUGINS, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown plugin {name!r}{hint}; supported plugins: {supported}"
