@@ -11,6 +11,7 @@ each resource and rounds up the way ``resource.Quantity.MilliValue()`` / ``Value
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from typing import Any, Mapping
 
@@ -22,6 +23,11 @@ CPU = "cpu"
 MEMORY = "memory"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 PODS = "pods"
+
+#: resource.Quantity's grammar (apimachinery quantity.go): <sign?><number><suffix>, suffix one of the
+#: binary SI (Ki..Ei), decimal SI (n, u, m, "", k, M, G, T, P, E) or an exponent (e3, E-2).
+#: The client's ``parse_quantity`` is laxer (it takes "1_000", "1 ", "1K"): the API server does not.
+_QUANTITY_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 #: Largest canonical value accepted (2**62): beyond it a quantity is certainly a mistake, and int64
 #: columns in the NodeTable and Redis counters must never overflow when a few are added up.
@@ -50,8 +56,12 @@ def canonical_quantity(name: str, value: Any, path: str = "") -> int:
     """
     if isinstance(value, bool) or value is None:
         raise InvalidObjectError(f"invalid quantity {value!r} for {name}", path)
+    text = value if isinstance(value, str) else str(value)
+    if not _QUANTITY_RE.fullmatch(text):
+        raise InvalidObjectError(f"invalid quantity {value!r} for {name}: quantities must match "
+                                 "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'", path)
     try:
-        q: Decimal = parse_quantity(value if isinstance(value, str) else str(value))
+        q: Decimal = parse_quantity(text)
     except (ValueError, TypeError, ArithmeticError) as e:
         raise InvalidObjectError(f"invalid quantity {value!r} for {name}: {e}", path) from None
     if q.is_nan() or q.is_infinite():

@@ -164,7 +164,8 @@ class NodeTable:
                 code = len(vocab)
                 vocab[value] = code
             col[slot] = code
-        ts = tuple(sorted(node.taints, key=lambda t: (t.key, t.value, t.effect)))
+        # declaration order kept: kube reports the first untolerated taint in spec.taints order
+        ts = tuple(node.taints)
         tid = self._taint_set_index.get(ts)
         if tid is None:
             tid = len(self.taint_sets)

@@ -3,7 +3,8 @@
 Rules: terms of a NodeSelector are ORed; the requirements inside a term are ANDed; an empty term
 matches no node; ``In``/``NotIn`` compare the label value with a set (``NotIn`` and
 ``DoesNotExist`` match nodes without the label); ``Gt``/``Lt`` compare integers and never match a
-node whose label is missing or not an integer; ``matchFields`` supports ``metadata.name``.
+node whose label is missing or not an integer (read as Go's ``strconv.ParseInt(v, 10, 64)``:
+no ``_``, no spaces, within int64); ``matchFields`` supports ``metadata.name``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from shardsched.api.objects import Requirement, SelectorTerm
+from shardsched.api.objects import Requirement, SelectorTerm, parse_int64
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.interface import Index, index_len
 
@@ -42,11 +43,10 @@ def _label_numeric(table: NodeTable, key: str, idx: Index) -> tuple[np.ndarray, 
     lookup = np.zeros(len(vocab) + 1, np.int64)
     valid = np.zeros(len(vocab) + 1, bool)
     for value, code in vocab.items():
-        try:
-            lookup[code] = int(value)
+        number = parse_int64(value)  # as Go's strconv.ParseInt(value, 10, 64)
+        if number is not None:
+            lookup[code] = number
             valid[code] = True
-        except ValueError:
-            pass
     sub = col[: table.n][idx]
     safe = np.where(sub >= 0, sub, len(vocab))
     return lookup[safe], valid[safe]
@@ -65,7 +65,7 @@ def requirement_mask(table: NodeTable, req: Requirement, idx: Index) -> np.ndarr
         present = np.zeros(size, bool) if col is None else col[: table.n][idx] >= 0
         return present if op == "Exists" else ~present
     number, ok = _label_numeric(table, key, idx)
-    bound = int(values[0])
+    bound = parse_int64(values[0])
     return ok & (number > bound if op == "Gt" else number < bound)
 
 

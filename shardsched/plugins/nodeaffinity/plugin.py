@@ -21,6 +21,8 @@ from shardsched.plugins.helper.node_selector import selector_mask, term_mask, te
 
 NAME = "NodeAffinity"
 ERR_REASON = "node(s) didn't match Pod's node affinity/selector"
+#: upstream errReasonEnforced: the node fails the profile's addedAffinity (checked first)
+ERR_REASON_ENFORCED = "node(s) didn't match scheduler-enforced node affinity"
 
 
 class NodeAffinity(FilterPlugin, ScorePlugin):
@@ -47,7 +49,8 @@ class NodeAffinity(FilterPlugin, ScorePlugin):
         return mask
 
     def failure_reasons(self, state, pod, table, slots):
-        return {ERR_REASON: len(slots)}
+        enforced = 0 if self.added_required is None else int((~terms_mask(table, self.added_required, slots)).sum())
+        return {r: c for r, c in ((ERR_REASON_ENFORCED, enforced), (ERR_REASON, len(slots) - enforced)) if c}
 
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
         terms = pod.preferred_terms + self.added_preferred

@@ -38,14 +38,21 @@ MAX_CUSTOM_PRIORITY_SCORE = 10
 DEFAULT_RESOURCES = ((CPU, 1), (MEMORY, 1))
 
 
+def is_prefixed_native(name: str) -> bool:
+    """Names in a ``*kubernetes.io/`` domain (upstream IsPrefixedNativeResource: contains, not prefix)."""
+    return "kubernetes.io/" in name
+
+
 def is_extended(name: str) -> bool:
-    """Extended resources are domain-prefixed names outside ``kubernetes.io/`` (upstream IsExtendedResourceName)."""
-    return "/" in name and not name.startswith("kubernetes.io/") and not name.startswith("requests.")
+    """Extended resources are domain-prefixed names outside ``*kubernetes.io/`` (upstream IsExtendedResourceName)."""
+    return "/" in name and not is_prefixed_native(name) and not name.startswith("requests.")
 
 
 def is_scalar(name: str) -> bool:
-    """Resources kube scores only when the pod requests them: extended resources and hugepages."""
-    return is_extended(name) or name.startswith("hugepages-") or name.startswith("attachable-volumes-")
+    """Resources kube scores only when the pod requests them (upstream IsScalarResourceName):
+    extended, hugepages, ``*kubernetes.io/``-prefixed and attachable-volumes resources."""
+    return (is_extended(name) or name.startswith("hugepages-") or is_prefixed_native(name)
+            or name.startswith("attachable-volumes-"))
 
 
 def insufficient_reason(resource: str) -> str:

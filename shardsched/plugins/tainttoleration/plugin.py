@@ -7,6 +7,8 @@ effect is PreferNoSchedule or empty; NormalizeScore reverses it (fewest untolera
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from shardsched.api.objects import PodInfo, Taint, Toleration
@@ -34,18 +36,23 @@ class TaintToleration(FilterPlugin, ScorePlugin):
     normalizes = True
 
     def __init__(self) -> None:
-        # (table, tolerations) -> per taint set: passes the filter; (table, 'prefer', tolerations) ->
-        # per taint set: untolerated PreferNoSchedule count; "passes the filter"; taint sets are only ever appended
-        self._ok_cache: dict[tuple, np.ndarray] = {}
+        # per table (weakly: a table's id can be reused after it is freed): tolerations -> per taint
+        # set, passes the filter; ('prefer', tolerations) -> per taint set, untolerated
+        # PreferNoSchedule count. A table's taint sets are only ever appended.
+        self._ok_cache: weakref.WeakKeyDictionary[NodeTable, dict[tuple, np.ndarray]] = weakref.WeakKeyDictionary()
+
+    def _table_cache(self, table: NodeTable) -> dict[tuple, np.ndarray]:
+        cache = self._ok_cache.get(table)
+        if cache is None or len(cache) > 1024:
+            cache = self._ok_cache[table] = {}
+        return cache
 
     def _ok_per_set(self, tolerations: tuple[Toleration, ...], table: NodeTable) -> np.ndarray:
-        key = (id(table), tolerations)
-        ok = self._ok_cache.get(key)
+        cache = self._table_cache(table)
+        ok = cache.get(tolerations)
         if ok is None or len(ok) != len(table.taint_sets):
-            if len(self._ok_cache) > 1024:
-                self._ok_cache.clear()
             ok = np.array([not _untolerated(ts, tolerations, _FILTER_EFFECTS) for ts in table.taint_sets], bool)
-            self._ok_cache[key] = ok
+            cache[tolerations] = ok
         return ok
 
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
@@ -66,11 +73,11 @@ class TaintToleration(FilterPlugin, ScorePlugin):
         if len(table.taint_sets) == 1:  # no node has a taint
             return Status.skip()
         prefer = tuple(t for t in pod.tolerations if t.effect in ("", "PreferNoSchedule"))
-        key = (id(table), "prefer", prefer)
-        counts = self._ok_cache.get(key)
+        cache = self._table_cache(table)
+        counts = cache.get(("prefer", prefer))
         if counts is None or len(counts) != len(table.taint_sets):
             counts = np.array([len(_untolerated(ts, prefer, ("PreferNoSchedule",))) for ts in table.taint_sets], np.int64)
-            self._ok_cache[key] = counts
+            cache[("prefer", prefer)] = counts
         if not counts.any():
             return Status.skip()
         state.write(NAME + "/counts", counts)
