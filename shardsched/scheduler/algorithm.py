@@ -132,6 +132,17 @@ class GenericScheduler:
         """Schedule pods in order, each assumed before the next is decided (in-batch assume)."""
         return [self.schedule(p) for p in pods]
 
+    def feasible_mask(self, pod: PodInfo) -> tuple[np.ndarray, np.ndarray]:
+        """(static_ok, feasible): bool arrays over table slots [0, n). ``static_ok``: the nodes that
+        pass the filters that depend only on node attributes; ``feasible``: the nodes where the pod
+        fits now. Cached per signature like `schedule` (the coordinator routes pods with it).
+        Read-only: do not modify the arrays."""
+        entry = self._entry(pod)
+        if entry.rejected is not None:
+            empty = np.zeros(self.table.n, bool)
+            return empty, empty
+        return entry.static_ok, entry.final >= 0
+
     def forget(self, pod: PodInfo) -> None:
         """Undo an assume (kube's ForgetPod); safe to call when the pod was never assumed."""
         self.table.remove_pod(pod.uid)
@@ -286,11 +297,15 @@ class GenericScheduler:
     def _prefilter_status(self, st: Status) -> Status:
         n = self.table.num_nodes
         reasons = {r: n for r in st.reasons} or {f"{st.plugin} rejected the pod": n}
-        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (fit_error_message(n, reasons),), st.plugin)
+        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (fit_error_message(n, reasons),), st.plugin,
+                      {"reasons": reasons, "nodes": n})
 
     def _diagnose(self, pod: PodInfo, state: CycleState, entry: _Entry) -> Status:
         """Which plugin rejected each node, first failing plugin per node in profile order (as kube,
-        which stops at a node's first failing Filter), summed into the FitError message."""
+        which stops at a node's first failing Filter), summed into the FitError message.
+
+        Returns an Unschedulable Status; ``extra`` holds ``reasons`` (reason -> nodes) and ``nodes``.
+        """
         table = self.table
         n = table.n
         everything = slice(0, n)
@@ -308,4 +323,5 @@ class GenericScheduler:
                 for reason, count in f.failure_reasons(state, pod, table, failed).items():
                     reasons[reason] = reasons.get(reason, 0) + count
             remaining &= ok
-        return Status(Code.UNSCHEDULABLE, (fit_error_message(table.num_nodes, reasons),), ",".join(plugins))
+        return Status(Code.UNSCHEDULABLE, (fit_error_message(table.num_nodes, reasons),), ",".join(plugins),
+                      {"reasons": reasons, "nodes": table.num_nodes})

@@ -1,0 +1,399 @@
+"""The embedded main job: local Ray, local Redis, the simulated cluster, a coordinator and shards.
+
+`EmbeddedRun` starts everything, feeds the workload (a burst, or a trace replayed in time), follows
+progress, collects the report (latency, throughput, CPU, memory, invariants) and stops everything,
+also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import psutil
+import ray
+
+from shardsched.config import SchedulerConfiguration
+from shardsched.errors import ShardschedError
+from shardsched.sharding.actors import coordinator_actor, sim_cluster_actor
+from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
+from shardsched.sim.cluster import FaultConfig
+from shardsched.sim.trace import TraceReplay
+from shardsched.store.server import EmbeddedRedis
+
+log = logging.getLogger(__name__)
+
+CREATE_CHUNK = 2000
+
+
+class RunError(ShardschedError):
+    """The run could not start or went wrong in a way that needs the operator (message says what)."""
+
+
+@dataclass
+class RunOptions:
+    """What `EmbeddedRun` runs (see ``shardsched run --help`` for the meaning of each)."""
+
+    shards: int = 2
+    shard_options: ShardOptions = field(default_factory=ShardOptions)
+    redis_url: str | None = None
+    ray_address: str | None = None
+    faults: FaultConfig | None = None
+    seed: int = 0
+    timeout_s: float = 600.0
+    time_scale: float = 1.0
+    metrics_port: int | None = None
+
+
+@dataclass
+class Sample:
+    """One progress sample (for the plot)."""
+
+    t_s: float
+    bound: int
+    pending: int
+    utilization: float
+
+
+@dataclass
+class RunReport:
+    """The summary of a run; `to_json` gives the ``-o json`` contract."""
+
+    pods_total: int = 0
+    pods_bound: int = 0
+    pods_unschedulable: int = 0
+    pods_pending: int = 0
+    wall_s: float = 0.0
+    schedule_wall_s: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    invariants: dict[str, Any] = field(default_factory=dict)
+    conflicts: int = 0
+    requeues: int = 0
+    shards: int = 0
+    nodes: int = 0
+    cpu_s: float = 0.0
+    ray_system_cpu_s: float = 0.0
+    peak_rss_bytes: int = 0
+    lost_pods: int = 0
+    unschedulable_reasons: dict[str, int] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    shard_snapshots: list[dict] = field(default_factory=list)
+    replaced_shards: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        return self.pods_bound / self.schedule_wall_s if self.schedule_wall_s > 0 else 0.0
+
+    def latency_ms(self) -> dict[str, float]:
+        if not self.latencies_s:
+            return {"avg": 0.0, "p50": 0.0, "p99": 0.0}
+        a = np.asarray(self.latencies_s) * 1000
+        return {"avg": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+    def to_json(self) -> dict[str, Any]:
+        inv = self.invariants
+        return {
+            "pods_total": self.pods_total, "pods_bound": self.pods_bound,
+            "pods_unschedulable": self.pods_unschedulable, "pods_pending": self.pods_pending,
+            "throughput_pods_per_s": round(self.throughput, 1), "latency_ms": self.latency_ms(),
+            "overcommitted_nodes": len(inv.get("overcommitted_nodes", ())),
+            "admission_rejections": int(inv.get("admission_rejections", 0)),
+            "double_binds": int(inv.get("double_binds", 0)), "lost_pods": self.lost_pods,
+            "conflicts": self.conflicts, "requeues": self.requeues, "shards": self.shards, "nodes": self.nodes,
+            "wall_s": round(self.wall_s, 3), "schedule_wall_s": round(self.schedule_wall_s, 3),
+            "cpu_cores_used": round(self.cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
+            "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
+            "peak_rss_bytes": self.peak_rss_bytes, "replaced_shards": self.replaced_shards,
+            "unschedulable_reasons": self.unschedulable_reasons, "errors": self.errors,
+        }
+
+
+class _ProcessMeter:
+    """CPU seconds and peak total RSS of a set of processes (sampled)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, psutil.Process] = {}
+        self.cpu0: dict[int, float] = {}
+        self.peak_rss = 0
+
+    def add(self, pid: int) -> None:
+        if pid in self.procs:
+            return
+        try:
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            self.procs[pid] = p
+            self.cpu0[pid] = t.user + t.system
+        except psutil.Error:
+            pass
+
+    def sample(self) -> None:
+        total = 0
+        for p in list(self.procs.values()):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, total)
+
+    def cpu_s(self) -> float:
+        used = 0.0
+        for pid, p in self.procs.items():
+            try:
+                t = p.cpu_times()
+                used += t.user + t.system - self.cpu0[pid]
+            except psutil.Error:
+                continue
+        return used
+
+
+def _ray_system_pids() -> list[int]:
+    names = ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env")
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if any(n in cmd for n in names) and "ray" in cmd:
+            out.append(p.info["pid"])
+    return out
+
+
+class EmbeddedRun:
+    """Local Ray + local Redis + simulated cluster + coordinator + shards (see module docstring).
+
+    Args:
+        config: scheduler configuration; pods use its first profile's schedulerName.
+        nodes: Node objects (dicts) of the simulated cluster.
+        workload: (creation time in s from the start, deletion time or None, Pod dict) triples;
+            a burst has every creation time 0.
+        options: run options.
+        on_progress: called about 4 times a second with (bound, total, status dict).
+    """
+
+    def __init__(self, config: SchedulerConfiguration, nodes: list[dict], workload: list[tuple[float, float | None, dict]],
+                 options: RunOptions, on_progress: Callable[[int, int, dict], None] | None = None) -> None:
+        self.config = config
+        self.nodes = nodes
+        self.workload = workload
+        self.options = options
+        self.on_progress = on_progress
+        self.redis: EmbeddedRedis | None = None
+        self.cluster = None
+        self.coordinator = None
+        self.meter = _ProcessMeter()
+        self.system_meter = _ProcessMeter()
+        self._feeder_error: list[str] = []
+        from shardsched.api.quantity import canonical_quantity
+        from shardsched.api.requests import pod_requests
+
+        self._total_cpu = sum(canonical_quantity("cpu", (n.get("status") or {}).get("allocatable", {}).get("cpu", 0)) for n in nodes)
+        sample = [pod_requests(p).get("cpu", 0) for _, _, p in workload[:1000]]
+        self._mean_cpu = sum(sample) / len(sample) if sample else 0.0
+        self._metrics_server = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> None:
+        o = self.options
+        if o.redis_url:
+            redis_url = o.redis_url
+        else:
+            try:
+                self.redis = EmbeddedRedis()
+                self.redis.start()
+            except ShardschedError as e:
+                raise RunError(f"could not start the embedded Redis: {e}") from None
+            redis_url = self.redis.url
+        try:
+            if not ray.is_initialized():
+                ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=True, configure_logging=False)
+        except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
+            raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
+        self.meter.add(os.getpid())
+        if self.redis is not None and self.redis.pid:
+            self.meter.add(self.redis.pid)
+        for pid in _ray_system_pids():
+            self.system_meter.add(pid)
+        self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
+        self.cluster = sim_cluster_actor(seed=o.seed, faults=o.faults)
+        ray.get(self.cluster.create_nodes.remote(self.nodes))
+        self.coordinator = coordinator_actor(self.config, redis_url, self.prefix, self.cluster, o.shards, o.shard_options)
+        ray.get(self.coordinator.start.remote())
+        for handle in [self.cluster, self.coordinator] + ray.get(self.coordinator.shards.remote()):
+            self.meter.add(ray.get(handle.pid.remote()))
+        if o.metrics_port:
+            self._serve_metrics(o.metrics_port)
+
+    def _serve_metrics(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from shardsched.metrics import AggregateCollector, serve
+
+        def fetch() -> dict:
+            shards = ray.get(self.coordinator.shards.remote(), timeout=5)
+            samples = ray.get([s.metric_samples.remote() for s in shards], timeout=5)
+            return {str(i): s for i, s in enumerate(samples)}
+
+        registry = CollectorRegistry()
+        registry.register(AggregateCollector(fetch))
+        try:
+            self._metrics_server = serve(port, registry)
+        except OSError as e:
+            raise RunError(f"--metrics-port {port}: {e.strerror or e}") from None
+
+    def _stop(self) -> None:
+        try:
+            if self.coordinator is not None:
+                ray.get(self.coordinator.stop.remote(), timeout=15)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        if ray.is_initialized() and not self.options.ray_address:
+            ray.shutdown()
+        if self.redis is not None:
+            self.redis.stop()
+
+    # ------------------------------------------------------------------ workload
+    def _feed(self, t0: float, stop: threading.Event) -> None:
+        """Create (and delete) pods at their times; a burst is created in chunks at once."""
+        try:
+            steps = list(TraceReplay(self.workload, self.options.time_scale)) if any(
+                c > 0 or d is not None for c, d, _ in self.workload) else None
+            if steps is None:
+                pods = [p for _, _, p in self.workload]
+                for i in range(0, len(pods), CREATE_CHUNK):
+                    chunk = pods[i:i + CREATE_CHUNK]
+                    now = time.time()
+                    for p in chunk:
+                        p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
+                    ray.get(self.cluster.create_pods.remote(chunk))
+                return
+            pending: list = []
+            for step in steps:
+                if stop.is_set():
+                    return
+                delay = t0 + step.due_s - time.monotonic()
+                if delay > 0.005:
+                    self._flush(pending)
+                    stop.wait(delay)
+                pending.append(step)
+            self._flush(pending)
+        except Exception as e:  # noqa: BLE001 - report, do not crash the run
+            self._feeder_error.append(f"workload feeder: {type(e).__name__}: {e}")
+            log.exception("workload feeder failed")
+
+    def _flush(self, steps: list) -> None:
+        if not steps:
+            return
+        creates = [s.pod for s in steps if s.action == "create"]
+        now = time.time()
+        for p in creates:
+            p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
+        if creates:
+            ray.get(self.cluster.create_pods.remote(creates))
+        for s in steps:
+            if s.action == "delete":
+                meta = s.pod["metadata"]
+                try:
+                    ray.get(self.cluster.delete_pod.remote(meta.get("namespace") or "default", meta["name"]))
+                except Exception:  # noqa: BLE001 - already gone is fine
+                    pass
+        steps.clear()
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> RunReport:
+        report = RunReport(shards=self.options.shards, nodes=len(self.nodes), pods_total=len(self.workload))
+        started = time.monotonic()
+        try:
+            self._start()
+            report.wall_s = 0.0
+            t0 = time.monotonic()
+            stop = threading.Event()
+            feeder = threading.Thread(target=self._feed, args=(t0, stop), daemon=True)
+            feeder.start()
+            self._follow(report, t0, feeder)
+            stop.set()
+            feeder.join(timeout=5)
+            self._collect(report)
+        except KeyboardInterrupt:
+            report.errors.append("interrupted")
+            try:
+                self._collect(report)
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            report.wall_s = time.monotonic() - started
+            self._stop()
+        report.errors.extend(self._feeder_error)
+        return report
+
+    def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
+        total = report.pods_total
+        deleted_total = sum(1 for _, d, _ in self.workload if d is not None)
+        last_bound = -1
+        done_at = None
+        while True:
+            time.sleep(0.25)
+            inv = ray.get(self.cluster.invariants.remote())
+            status = ray.get(self.coordinator.status.remote())
+            self.meter.sample()
+            bound = status["bound_seen"]
+            elapsed = time.monotonic() - t0
+            report.samples.append(Sample(elapsed, bound, status["pending"], self._utilization(inv["pods_bound"])))
+            if self.on_progress:
+                self.on_progress(bound, total, status)
+            # settled: the workload is all created, and every pod not bound is known to the
+            # coordinator as unschedulable (or as having an invalid spec)
+            waiting = len(inv["pods_unbound"])
+            settled = (not feeder.is_alive() and waiting == status["unschedulable"] + status["invalid"]
+                       and status["pending"] == status["unschedulable"])
+            if inv["pods_bound"] != last_bound:
+                done_at = elapsed
+            last_bound = inv["pods_bound"]
+            if settled:
+                report.schedule_wall_s = done_at or elapsed
+                return
+            if elapsed > self.options.timeout_s:
+                report.errors.append(f"timed out after {self.options.timeout_s:.0f} s with {status['pending']} pods pending")
+                report.schedule_wall_s = elapsed
+                return
+
+    def _utilization(self, bound_now: int) -> float:
+        """Cluster CPU requested by the bound workload pods / allocatable (uses the workload's mean
+        request: exact for the uniform burst)."""
+        return min(1.0, bound_now * self._mean_cpu / self._total_cpu) if self._total_cpu else 0.0
+
+    def _collect(self, report: RunReport) -> None:
+        inv = ray.get(self.cluster.invariants.remote())
+        status = ray.get(self.coordinator.status.remote())
+        shards = ray.get(self.coordinator.shards.remote())
+        stats: list[ShardStats] = []
+        for s in shards:
+            try:
+                stats.append(ray.get(s.take_stats.remote(), timeout=10))
+                report.shard_snapshots.append(ray.get(s.snapshot.remote(), timeout=10))
+            except Exception as e:  # noqa: BLE001 - a dead shard's numbers are lost, say so
+                report.errors.append(f"a shard did not report: {type(e).__name__}")
+        for st in stats:
+            report.latencies_s.extend(st.latencies_s)
+            report.conflicts += st.conflicts
+        report.invariants = inv
+        report.pods_bound = inv["pods_bound"]
+        report.pods_unschedulable = status["unschedulable"]
+        report.pods_pending = status["pending"] - status["unschedulable"]
+        report.requeues = status["requeues"]
+        report.replaced_shards = status["replaced_shards"]
+        report.unschedulable_reasons = ray.get(self.coordinator.unschedulable_reasons.remote())
+        tracked = set(ray.get(self.coordinator.pending_keys.remote()))
+        report.lost_pods = len([k for k in inv["pods_unbound"] if k not in tracked])
+        report.cpu_s = self.meter.cpu_s()
+        report.ray_system_cpu_s = self.system_meter.cpu_s()
+        self.meter.sample()
+        report.peak_rss_bytes = self.meter.peak_rss

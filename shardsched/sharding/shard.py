@@ -1,0 +1,467 @@
+"""Shard: schedules batches of its pods onto the nodes it owns.
+
+One loop step (kube's scheduling cycle + binding cycle, batched):
+
+1. pop up to B pods from the shard's SchedulingQueue;
+2. take their pod leases in Redis (one call); a pod leased by another shard waits out a backoff;
+3. Filter/Score/select each pod over the shard's NodeTable and assume it there, so later pods of
+   the batch see it (in-batch assume);
+4. Reserve: one Redis call re-checks every placement against the ledger (the second resource check,
+   fenced by lease token and shard-map epoch);
+5. Bind the reserved pods in one call to the cluster; then commit (bound) or roll back.
+
+Every failure after the assume goes through one rollback path (`_rollback`: release the
+reservation, forget the assume, release the lease) and the pod goes back to the queue with backoff,
+or to the rebalancer when another shard may do better. Redis or the API being away pauses binding:
+nothing is bound without a reservation, and no pod is dropped.
+
+The class is plain Python (tests drive `step` directly); `shardsched.sharding.actors` makes it a Ray
+actor and runs `run_forever` in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.config import SchedulerConfiguration
+from shardsched.errors import TemporaryError
+from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, ShardMetrics
+from shardsched.queue import NODE_ADD, NODE_UPDATE, ASSIGNED_POD_DELETE, QueuedPodInfo, SchedulingQueue
+from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
+from shardsched.scheduler.whatif import build_schedulers
+from shardsched.sharding.protocols import (BIND_FAILED, FENCED, INSUFFICIENT, UNSCHEDULABLE_HERE, BindTarget,
+                                           Handoff, Rebalancer)
+from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem
+
+log = logging.getLogger(__name__)
+
+#: annotation with the pod's creation time as Unix seconds (float), set by the simulated
+#: cluster's workload builders, for creation -> bound latency finer than creationTimestamp's seconds
+CREATED_AT_ANNOTATION = "shardsched.io/created-at"
+
+
+@dataclass
+class ShardOptions:
+    """Tunables of one shard; the defaults are explained per field.
+
+    Attributes:
+        batch_size: pods per batch. Large batches amortize one Redis round trip and one bind call
+            over many pods (the per-batch fixed cost is ~1-2 ms here); 0 = adaptive: the whole
+            active queue up to `max_batch_size`.
+        max_batch_size: cap of the adaptive batch.
+        lease_ttl_ms: pod lease lifetime. A crashed shard's pods move on after it; long enough to
+            cover one batch's reserve + bind even when the API is slow.
+        reservation_ttl_ms: how long a reservation holds capacity without a commit.
+        idle_sleep_s: loop sleep when there is nothing to do (bounded by the next backoff expiry).
+    """
+
+    batch_size: int = 0
+    max_batch_size: int = 1000
+    lease_ttl_ms: int = 10_000
+    reservation_ttl_ms: int = 10_000
+    idle_sleep_s: float = 0.005
+    seed: int | None = None
+
+
+@dataclass
+class ShardStats:
+    """Counters of one shard (plain, picklable)."""
+
+    scheduled: int = 0
+    bound: int = 0
+    conflicts: int = 0
+    reserve_failures: int = 0
+    bind_errors: int = 0
+    handed_off: int = 0
+    lease_busy: int = 0
+    batches: int = 0
+    paused_s: float = 0.0
+    #: creation -> bound latencies in seconds, for pods carrying CREATED_AT_ANNOTATION
+    latencies_s: list[float] = field(default_factory=list)
+    #: (unix time, pods bound) per batch, for throughput plots
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+
+class Shard:
+    """One shard (see module docstring).
+
+    Args:
+        index: the shard's logical index (its place in the rendezvous hash).
+        member: this incarnation's id in the ledger's shard map (``shard-<index>@<n>``); a replaced
+            shard gets a new one, so a zombie of the old one is fenced off.
+        config: the scheduler configuration (profiles, backoff, attempts).
+        ledger: the Redis ledger.
+        cluster: where binds go.
+        rebalancer: where pods this shard cannot place go.
+    """
+
+    def __init__(self, index: int, member: str, config: SchedulerConfiguration, ledger: Ledger,
+                 cluster: BindTarget, rebalancer: Rebalancer, options: ShardOptions | None = None) -> None:
+        self.index = index
+        self.member = member
+        self.config = config
+        self.ledger = ledger
+        self.cluster = cluster
+        self.rebalancer = rebalancer
+        self.options = options or ShardOptions()
+        self.epoch = 0
+        self.table = NodeTable()
+        self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, self.options.seed)
+        self.default_scheduler = next(iter(self.schedulers.values()))
+        qs = self.default_scheduler.framework.queue_sort
+        self.queue = SchedulingQueue(
+            sort_key=qs.sort_key if qs else None,
+            pod_initial_backoff_s=config.pod_initial_backoff_s,
+            pod_max_backoff_s=config.pod_max_backoff_s,
+            pod_max_in_unschedulable_s=config.pod_max_in_unschedulable_s,
+            max_attempts=None,  # attempts are counted per cluster-wide round by the rebalancer
+        )
+        self.metrics = ShardMetrics()
+        self.stats = ShardStats()
+        self._lock = threading.RLock()  # table + schedulers; the queue has its own lock
+        self._stop = threading.Event()
+        self._shadow: dict[str, str] = {}  # node -> uid of its ledger shadow usage
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ inputs (from the coordinator)
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
+        """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""
+        moved = False
+        with self._lock:
+            for obj in upserts:
+                self.table.add_node(NodeInfo.from_object(obj))
+                moved = True
+            for name in removals:
+                self.table.remove_node(name)
+                self._shadow.pop(name, None)
+            self.metrics.nodes.set(self.table.num_nodes)
+        if moved:
+            self.queue.move_all_to_active_or_backoff(NODE_ADD)
+
+    def apply_bound(self, adds: Iterable[tuple[PodUsage, str]] = (), removes: Iterable[str] = ()) -> None:
+        """Pods bound on this shard's nodes (by anyone) and pods that stopped counting (deleted or
+        terminal). Idempotent by pod uid."""
+        freed = False
+        with self._lock:
+            for usage, node in adds:
+                self._drop_shadow(node)
+                self.table.add_pod(usage, node)
+            for uid in removes:
+                if self.table.remove_pod(uid) is not None:
+                    freed = True
+        if freed:
+            self.queue.move_all_to_active_or_backoff(ASSIGNED_POD_DELETE)
+
+    def add_pods(self, pods: Sequence[PodInfo]) -> None:
+        """New pending pods routed to this shard."""
+        for pod in pods:
+            self.queue.add(pod)
+
+    def accept(self, qpis: Sequence[QueuedPodInfo], unschedulable: bool = False) -> None:
+        """Pods sent by the rebalancer: into backoffQ (retry), or into unschedulable pods when no shard
+        could place them (retried on cluster events or after podMaxInUnschedulablePodsDuration)."""
+        for qpi in qpis:
+            if unschedulable:
+                self.queue.add_unschedulable_if_not_present(qpi, backoff=False)
+            else:
+                self.queue.requeue_backoff(qpi)
+
+    def remove_pods(self, keys: Iterable[str]) -> None:
+        """Pods deleted, bound by someone else, or moved to another shard."""
+        for key in keys:
+            self.queue.delete(key)
+
+    def nudge(self, event: str = NODE_UPDATE) -> None:
+        """A cluster event that may make unschedulable pods schedulable."""
+        self.queue.move_all_to_active_or_backoff(event)
+
+    # ------------------------------------------------------------------ the loop
+    def run_forever(self) -> None:
+        """Run `step` until `stop`; each step catches and logs its own errors and never ends the loop."""
+        while not self._stop.is_set():
+            try:
+                done = self.step()
+            except Exception as e:  # noqa: BLE001 - the loop must never die
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("shard %s: step failed", self.member)
+                self._stop.wait(0.5)  # a failing step must not spin
+                done = 0
+            if not done:
+                wait = self.queue.next_ready_in_s()
+                self._stop.wait(self.options.idle_sleep_s if wait is None else min(max(wait, 0.0), 0.05) or self.options.idle_sleep_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _batch_size(self) -> int:
+        if self.options.batch_size > 0:
+            return self.options.batch_size
+        return max(1, min(self.options.max_batch_size, self.queue.pending_counts()["active"]))
+
+    def step(self) -> int:
+        """One batch (see module docstring). Returns the number of pods popped (0 = idle).
+
+        Raises only on a bug; even then the batch's pods still in flight are forgotten in the table
+        and put back with backoff first, so nothing is lost.
+        """
+        batch = self.queue.pop_batch(self._batch_size())
+        if not batch:
+            self._publish_pending()
+            return 0
+        try:
+            return self._process(batch)
+        except Exception:
+            in_flight = self.queue.in_flight
+            for q in batch:
+                if q.key in in_flight:
+                    with self._lock:
+                        self._forget(q.pod_info)
+                    q.last_failure_reason = "internal error in the shard's scheduling step"
+                    self.queue.requeue_backoff(q)
+            raise
+
+    def _process(self, batch: list[QueuedPodInfo]) -> int:
+        self.stats.batches += 1
+        self.metrics.batch_size.observe(len(batch))
+        started = time.perf_counter()
+
+        try:
+            tokens = self.ledger.acquire_leases([q.pod_info.uid for q in batch], self.member, self.options.lease_ttl_ms)
+        except TemporaryError as e:
+            self._pause(batch, f"Redis unavailable while taking leases: {e}")
+            return len(batch)
+        leased = []
+        for q in batch:
+            if q.pod_info.uid in tokens:
+                leased.append(q)
+            else:  # another shard holds it (e.g. a crashed shard's lease not yet expired)
+                self.stats.lease_busy += 1
+                self.metrics.leases.labels("held_elsewhere").inc()
+                q.last_failure_reason = "pod lease held by another shard"
+                self.queue.requeue_backoff(q)
+        self.metrics.leases.labels("acquired").inc(len(leased))
+
+        # Scheduling cycle: Filter/Score/select + assume, per pod in queue order.
+        placed: list[tuple[QueuedPodInfo, ScheduleResult, int]] = []
+        handoffs: list[Handoff] = []
+        with self._lock:
+            t0 = time.perf_counter()
+            for q in leased:
+                pod = q.pod_info
+                result = self.schedulers.get(pod.scheduler_name, self.default_scheduler).schedule(pod)
+                if result.node is not None:
+                    placed.append((q, result, tokens[pod.uid]))
+                else:
+                    extra = result.status.extra or {}
+                    handoffs.append(Handoff(q, UNSCHEDULABLE_HERE, result.status.message,
+                                            dict(extra.get("reasons", {})), int(extra.get("nodes", self.table.num_nodes))))
+            self.metrics.extension_point_duration.labels("Filter+Score", "Success", self.default_scheduler.framework.profile_name).observe(time.perf_counter() - t0)
+        for h in handoffs:
+            self.metrics.schedule_attempts.labels(UNSCHEDULABLE, h.qpi.pod_info.scheduler_name).inc()
+        if handoffs:
+            self._release_leases([(h.qpi.pod_info.uid, tokens[h.qpi.pod_info.uid]) for h in handoffs])
+        if not placed:
+            self._handoff(handoffs)
+            return len(batch)
+
+        # Reserve: the second resource check, fenced, one Redis call for the batch.
+        items = [ReserveItem(q.pod_info.uid, r.node, tok, q.pod_info.requests) for q, r, tok in placed]
+        try:
+            t0 = time.perf_counter()
+            results = self.ledger.reserve(self.member, self.epoch, items, self.options.reservation_ttl_ms)
+            self.metrics.ledger_calls.labels("reserve").observe(time.perf_counter() - t0)
+        except TemporaryError as e:
+            with self._lock:
+                for q, r, _ in placed:
+                    self._forget(q.pod_info)
+            self._handoff(handoffs)
+            self._pause([q for q, _, _ in placed], f"Redis unavailable while reserving: {e}")
+            return len(batch)
+        to_bind: list[tuple[QueuedPodInfo, ScheduleResult, int]] = []
+        for (q, r, tok), res in zip(placed, results):
+            self.metrics.ledger_reserve.labels(res.code.name).inc()
+            if res.ok:
+                to_bind.append((q, r, tok))
+                continue
+            self.stats.reserve_failures += 1
+            self._rollback(q, r.node, tok, reserved=False)
+            if res.code == ReserveCode.INSUFFICIENT:
+                self._refresh_node(r.node)
+                q.last_failure_reason = f"node {r.node} had insufficient {res.resource} in the ledger (second check)"
+                self.metrics.requeues.labels(INSUFFICIENT).inc()
+                self.queue.requeue_backoff(q)
+            elif res.code == ReserveCode.LEASE_LOST:
+                self.queue.done(q.key)  # another shard took it over; it is theirs now
+            elif res.code == ReserveCode.FENCED:
+                handoffs.append(Handoff(q, FENCED, f"shard {self.member} no longer owns node {r.node}"))
+            else:
+                q.last_failure_reason = f"node {r.node} unknown to the ledger"
+                self.queue.requeue_backoff(q)
+
+        # Binding cycle: one call for the batch.
+        if to_bind:
+            self._bind(to_bind, handoffs, started)
+        self._handoff(handoffs)
+        return len(batch)
+
+    def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:
+        bindings = [(q.pod_info.namespace, q.pod_info.name, r.node, q.pod_info.uid) for q, r, _ in to_bind]
+        try:
+            results = self.cluster.bind_many(bindings)
+        except TemporaryError as e:
+            results = None
+            err = str(e)
+        except Exception as e:  # noqa: BLE001 - a broken connection to the cluster must not lose pods
+            results = None
+            err = f"{type(e).__name__}: {e}"
+        now = time.time()
+        commits, lease_done = [], []
+        for i, (q, r, tok) in enumerate(to_bind):
+            code = 504 if results is None else results[i].code
+            pod = q.pod_info
+            if code == 201:
+                commits.append(ReservationRef(pod.uid, r.node, tok))
+                lease_done.append((pod.uid, tok))
+                self.queue.done(q.key)
+                self.stats.bound += 1
+                self.metrics.binds.labels("ok").inc()
+                self.metrics.schedule_attempts.labels(SCHEDULED, pod.scheduler_name).inc()
+                self.metrics.attempt_duration.labels(SCHEDULED, pod.scheduler_name).observe(time.perf_counter() - started)
+                created = (pod.obj.get("metadata", {}).get("annotations") or {}).get(CREATED_AT_ANNOTATION)
+                if created:
+                    lat = now - float(created)
+                    self.stats.latencies_s.append(lat)
+                    self.metrics.sli_duration.labels(str(min(q.attempts, 15))).observe(lat)
+            elif code in (404, 409):
+                # 409: bound by someone else, 404: deleted; the watch brings the truth either way
+                self._rollback(q, r.node, tok, reserved=True)
+                self.queue.done(q.key)
+                self.stats.conflicts += code == 409
+                self.metrics.binds.labels("conflict" if code == 409 else "not_found").inc()
+            else:
+                self._rollback(q, r.node, tok, reserved=True)
+                self.stats.bind_errors += 1
+                self.metrics.binds.labels("error").inc()
+                self.metrics.schedule_attempts.labels(ERROR, pod.scheduler_name).inc()
+                msg = err if results is None else f"{results[i].code} {results[i].message}"
+                q.last_failure_reason = f"binding failed: {msg}"
+                self.metrics.requeues.labels(BIND_FAILED).inc()
+                self.queue.requeue_backoff(q)
+        if commits:
+            try:
+                self.ledger.commit(commits)
+                self.ledger.release_leases(dict(lease_done), self.member)
+            except TemporaryError as e:
+                # Bound in the cluster: the truth. The watch's observe converts the reservation.
+                log.warning("shard %s: commit after bind failed (%s); the watch will reconcile", self.member, e)
+        self.stats.scheduled += len(commits)
+        self.stats.timeline.append((now, len(commits)))
+
+    # ------------------------------------------------------------------ helpers
+    def _forget(self, pod: PodInfo) -> None:
+        self.table.remove_pod(pod.uid)
+
+    def _rollback(self, q: QueuedPodInfo, node: str, token: int, reserved: bool) -> None:
+        """The one rollback path: release the reservation (if made), forget the assume, release the
+        lease. Safe when any of these never happened."""
+        with self._lock:
+            self._forget(q.pod_info)
+        try:
+            if reserved:
+                self.ledger.release([ReservationRef(q.pod_info.uid, node, token)])
+            self.ledger.release_leases({q.pod_info.uid: token}, self.member)
+        except TemporaryError as e:  # both expire on their own (TTL)
+            log.warning("shard %s: rollback could not reach Redis (%s); TTLs will expire them", self.member, e)
+
+    def _release_leases(self, pairs: list[tuple[str, int]]) -> None:
+        try:
+            self.ledger.release_leases(dict(pairs), self.member)
+        except TemporaryError:
+            pass  # they expire
+
+    def _refresh_node(self, node: str) -> None:
+        """After a failed second check: make the table see at least what the ledger counts on the
+        node (used + reserved) until the watch brings the pods that explain it."""
+        try:
+            usage = self.ledger.node_usage(node)
+        except TemporaryError:
+            return
+        with self._lock:
+            slot = self.table.index.get(node)
+            if slot is None:
+                return
+            self._drop_shadow(node)
+            missing = {}
+            for res in set(usage.used) | set(usage.reserved):
+                counted = usage.used.get(res, 0) + usage.reserved.get(res, 0)
+                have = int(self.table.requested[self.table.resource_row(res), slot])
+                if counted > have:
+                    missing[res] = counted - have
+            if missing:
+                uid = f"ledger-shadow/{node}"
+                self.table.add_pod(PodUsage(uid, uid, missing, 0, 0), node)
+                self._shadow[node] = uid
+
+    def _drop_shadow(self, node: str) -> None:
+        uid = self._shadow.pop(node, None)
+        if uid is not None:
+            self.table.remove_pod(uid)
+
+    def _pause(self, qpis: Sequence[QueuedPodInfo], why: str) -> None:
+        """Redis away: no binding without a reservation. Pods wait out a backoff; nothing is lost."""
+        self.last_error = why
+        log.warning("shard %s: %s; binding paused, %d pods back to backoff", self.member, why, len(qpis))
+        for q in qpis:
+            q.last_failure_reason = why
+            self.queue.requeue_backoff(q)
+        self.stats.paused_s += 0.1
+        self._stop.wait(0.1)
+
+    def _handoff(self, items: list[Handoff]) -> None:
+        if not items:
+            return
+        for h in items:
+            self.queue.done(h.qpi.key)
+        self.stats.handed_off += len(items)
+        self.rebalancer.handoff(self.index, items)
+
+    def _publish_pending(self) -> None:
+        for queue, n in self.queue.pending_counts().items():
+            self.metrics.pending_pods.labels(queue).set(n)
+
+    # ------------------------------------------------------------------ inspection
+    def snapshot(self) -> dict[str, Any]:
+        """Status for the coordinator and the progress display (plain dict)."""
+        self._publish_pending()
+        with self._lock:
+            n = self.table.n
+            free_cpu = int((self.table.free("cpu")[self.table.valid[:n]]).sum()) if n else 0
+            nodes = self.table.num_nodes
+        return {"index": self.index, "member": self.member, "nodes": nodes, "free_cpu_milli": free_cpu,
+                "pending": self.queue.pending_counts(), "in_flight": len(self.queue.in_flight),
+                "bound": self.stats.bound, "conflicts": self.stats.conflicts,
+                "reserve_failures": self.stats.reserve_failures, "bind_errors": self.stats.bind_errors,
+                "handed_off": self.stats.handed_off, "batches": self.stats.batches, "last_error": self.last_error}
+
+    def pending_keys(self) -> list[str]:
+        """Keys of every pod this shard holds (queued or in flight)."""
+        return [q.key for q in self.queue.pods()] + list(self.queue.in_flight)
+
+    def take_stats(self) -> ShardStats:
+        return self.stats
+
+    def metric_samples(self) -> list:
+        self._publish_pending()
+        return self.metrics.samples()
+
+    def ping(self) -> str:
+        return self.member
