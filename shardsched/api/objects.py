@@ -11,7 +11,8 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shardsched.api.quantity import PODS, parse_resource_list
 from shardsched.api.requests import nonzero_requests, pod_requests

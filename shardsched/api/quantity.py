@@ -10,10 +10,12 @@ each resource and rounds up the way ``resource.Quantity.MilliValue()`` / ``Value
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes.utils import parse_quantity
 
@@ -57,21 +59,30 @@ def canonical_quantity(name: str, value: Any, path: str = "") -> int:
     if isinstance(value, bool) or value is None:
         raise InvalidObjectError(f"invalid quantity {value!r} for {name}", path)
     text = value if isinstance(value, str) else str(value)
+    result = _canonical(CPU if name == CPU else "", text)
+    if isinstance(result, str):
+        raise InvalidObjectError(result.format(value=value, name=name), path)
+    return result
+
+
+@functools.lru_cache(maxsize=8192)
+def _canonical(unit: str, text: str) -> int | str:
+    """Cached core of `canonical_quantity`: the canonical value, or an error message template
+    (``{value}``/``{name}`` placeholders) - errors are values here so that they cache too."""
     if not _QUANTITY_RE.fullmatch(text):
-        raise InvalidObjectError(f"invalid quantity {value!r} for {name}: quantities must match "
-                                 "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'", path)
+        return ("invalid quantity {value!r} for {name}: quantities must match "
+                "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
     try:
         q: Decimal = parse_quantity(text)
     except (ValueError, TypeError, ArithmeticError) as e:
-        raise InvalidObjectError(f"invalid quantity {value!r} for {name}: {e}", path) from None
+        return "invalid quantity {value!r} for {name}: " + str(e).replace("{", "{{").replace("}", "}}")
     if q.is_nan() or q.is_infinite():
-        raise InvalidObjectError(f"invalid quantity {value!r} for {name}", path)
+        return "invalid quantity {value!r} for {name}"
     if q < 0:
-        raise InvalidObjectError(f"negative quantity {value!r} for {name}", path)
-    scaled = q * 1000 if name == CPU else q
-    result = math.ceil(scaled)
+        return "negative quantity {value!r} for {name}"
+    result = math.ceil(q * 1000 if unit == CPU else q)
     if result > MAX_CANONICAL:
-        raise InvalidObjectError(f"quantity {value!r} for {name} is too large", path)
+        return "quantity {value!r} for {name} is too large"
     return int(result)
 
 

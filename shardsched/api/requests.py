@@ -15,7 +15,8 @@ Container requests are defaulted from limits first, as the API server does on cr
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from shardsched.api.quantity import CPU, MEMORY, parse_resource_list
 from shardsched.errors import InvalidObjectError

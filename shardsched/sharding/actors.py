@@ -103,6 +103,13 @@ class SimClusterHost(SimCluster):
     def pid(self) -> int:
         return os.getpid()
 
+    def progress(self) -> dict[str, int]:
+        """Cheap counters for progress display: pods, bound, unbound, admission rejections."""
+        with self._lock:
+            total = len(self._pods)
+            unbound = sum(1 for p in self._pods.values() if not p["spec"].get("nodeName"))
+        return {"pods": total, "bound": total - unbound, "unbound": unbound}
+
 
 def sim_cluster_actor(**kwargs: Any) -> Any:
     """Start the simulated cluster as a Ray actor (the embedded "API server")."""

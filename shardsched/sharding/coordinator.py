@@ -119,6 +119,8 @@ class Coordinator:
         self.invalid: dict[str, str] = {}  # pod key -> why it cannot be scheduled (bad spec)
         self._inbox: list[tuple[int, list[Handoff]]] = []
         self._inbox_lock = threading.Lock()
+        # the loop thread mutates the state below; Ray calls (status, ...) read it from other threads
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._last_health = 0.0
         self.last_error = ""
@@ -190,8 +192,9 @@ class Coordinator:
         self._stop.set()
 
     def step(self) -> bool:
-        busy = self.poll_watch()
-        busy = self.rebalance() or busy
+        with self._lock:
+            busy = self.poll_watch()
+            busy = self.rebalance() or busy
         if time.monotonic() - self._last_health >= self.health_period_s:
             self._last_health = time.monotonic()
             self.check_health()
@@ -296,18 +299,22 @@ class Coordinator:
             if node:
                 if self.bound_on.get(uid) == node:
                     continue
-                try:
-                    pod = PodInfo.from_object(obj)
-                except InvalidObjectError as e:
-                    log.error("bound pod %s/%s has an invalid spec (%s); not counted", meta.get("namespace"), meta.get("name"), e)
-                    continue
+                t = self.pending.pop(uid, None)
+                if t is not None:
+                    pod = t.pod  # parsed when it was routed; the spec cannot change once bound
+                else:
+                    try:
+                        pod = PodInfo.from_object(obj)
+                    except InvalidObjectError as e:
+                        log.error("bound pod %s/%s has an invalid spec (%s); not counted",
+                                  meta.get("namespace"), meta.get("name"), e)
+                        continue
                 self.bound_on[uid] = node
                 usage = PodUsage.of(pod)
                 self.table.add_pod(usage, node)
                 observe.append(BoundPod(uid, node, pod.requests))
                 if node in self.owners:
                     adds[self.owners[node]].append((usage, node))
-                t = self.pending.pop(uid, None)
                 if t is not None:
                     self._unroute(t.shard)
                     self.counters["bound"] += 1
@@ -476,7 +483,9 @@ class Coordinator:
 
     # ------------------------------------------------------------------ health
     def check_health(self) -> None:
-        for s in self.shards:
+        """Ping every shard (outside the state lock: a ping may take its whole timeout); replace a
+        shard that failed `health_failures` checks in a row."""
+        for s in list(self.shards):
             try:
                 s.remote.ask("ping", timeout_s=2.0)
                 s.failures = 0
@@ -484,7 +493,8 @@ class Coordinator:
                 s.failures += 1
                 log.warning("shard %s did not answer (%d/%d): %s", s.member, s.failures, self.health_failures, e)
                 if s.failures >= self.health_failures:
-                    self.replace_shard(s.index)
+                    with self._lock:
+                        self.replace_shard(s.index)
 
     def replace_shard(self, index: int) -> None:
         """Start a new incarnation of shard ``index``: it gets a new member id, the epoch is bumped
@@ -511,6 +521,10 @@ class Coordinator:
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
+        with self._lock:
+            return self._status()
+
+    def _status(self) -> dict[str, Any]:
         unsched = sum(1 for t in self.pending.values() if t.unschedulable)
         return {
             "nodes": self.table.num_nodes, "shards": len(self.shards), "epoch": self.epoch,
@@ -523,13 +537,15 @@ class Coordinator:
     def unschedulable_reasons(self) -> dict[str, int]:
         """Message -> number of pending pods whose last round ended unschedulable."""
         out: dict[str, int] = defaultdict(int)
-        for t in self.pending.values():
-            if t.unschedulable:
-                out[t.message] += 1
+        with self._lock:
+            for t in self.pending.values():
+                if t.unschedulable:
+                    out[t.message] += 1
         return dict(out)
 
     def pending_keys(self) -> list[str]:
-        return [t.pod.key for t in self.pending.values()]
+        with self._lock:
+            return [t.pod.key for t in self.pending.values()]
 
     def shard_remotes(self) -> list[Remote]:
         return [s.remote for s in self.shards]

@@ -78,6 +78,7 @@ class RunReport:
     shards: int = 0
     nodes: int = 0
     cpu_s: float = 0.0
+    cpu_s_by_process: dict[str, float] = field(default_factory=dict)
     ray_system_cpu_s: float = 0.0
     peak_rss_bytes: int = 0
     lost_pods: int = 0
@@ -110,7 +111,8 @@ class RunReport:
             "wall_s": round(self.wall_s, 3), "schedule_wall_s": round(self.schedule_wall_s, 3),
             "cpu_cores_used": round(self.cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
             "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
-            "peak_rss_bytes": self.peak_rss_bytes, "replaced_shards": self.replaced_shards,
+            "peak_rss_bytes": self.peak_rss_bytes, "cpu_s_by_process": self.cpu_s_by_process,
+            "replaced_shards": self.replaced_shards,
             "unschedulable_reasons": self.unschedulable_reasons, "errors": self.errors,
         }
 
@@ -121,11 +123,13 @@ class _ProcessMeter:
     def __init__(self) -> None:
         self.procs: dict[int, psutil.Process] = {}
         self.cpu0: dict[int, float] = {}
+        self.labels: dict[int, str] = {}
         self.peak_rss = 0
 
-    def add(self, pid: int) -> None:
+    def add(self, pid: int, label: str = "") -> None:
         if pid in self.procs:
             return
+        self.labels[pid] = label or str(pid)
         try:
             p = psutil.Process(pid)
             t = p.cpu_times()
@@ -144,14 +148,18 @@ class _ProcessMeter:
         self.peak_rss = max(self.peak_rss, total)
 
     def cpu_s(self) -> float:
-        used = 0.0
+        return sum(self.cpu_by_label().values())
+
+    def cpu_by_label(self) -> dict[str, float]:
+        """CPU seconds used since `add`, per process label."""
+        out: dict[str, float] = {}
         for pid, p in self.procs.items():
             try:
                 t = p.cpu_times()
-                used += t.user + t.system - self.cpu0[pid]
+                out[self.labels[pid]] = round(out.get(self.labels[pid], 0.0) + t.user + t.system - self.cpu0[pid], 3)
             except psutil.Error:
                 continue
-        return used
+        return out
 
 
 def _ray_system_pids() -> list[int]:
@@ -215,9 +223,9 @@ class EmbeddedRun:
                          log_to_driver=True, configure_logging=False)
         except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
             raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
-        self.meter.add(os.getpid())
+        self.meter.add(os.getpid(), "driver")
         if self.redis is not None and self.redis.pid:
-            self.meter.add(self.redis.pid)
+            self.meter.add(self.redis.pid, "redis")
         for pid in _ray_system_pids():
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
@@ -225,8 +233,10 @@ class EmbeddedRun:
         ray.get(self.cluster.create_nodes.remote(self.nodes))
         self.coordinator = coordinator_actor(self.config, redis_url, self.prefix, self.cluster, o.shards, o.shard_options)
         ray.get(self.coordinator.start.remote())
-        for handle in [self.cluster, self.coordinator] + ray.get(self.coordinator.shards.remote()):
-            self.meter.add(ray.get(handle.pid.remote()))
+        self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
+        self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
+        for i, handle in enumerate(ray.get(self.coordinator.shards.remote())):
+            self.meter.add(ray.get(handle.pid.remote()), f"shard-{i}")
         if o.metrics_port:
             self._serve_metrics(o.metrics_port)
 
@@ -336,27 +346,25 @@ class EmbeddedRun:
 
     def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
         total = report.pods_total
-        deleted_total = sum(1 for _, d, _ in self.workload if d is not None)
         last_bound = -1
         done_at = None
         while True:
             time.sleep(0.25)
-            inv = ray.get(self.cluster.invariants.remote())
+            counts = ray.get(self.cluster.progress.remote())
             status = ray.get(self.coordinator.status.remote())
             self.meter.sample()
             bound = status["bound_seen"]
             elapsed = time.monotonic() - t0
-            report.samples.append(Sample(elapsed, bound, status["pending"], self._utilization(inv["pods_bound"])))
+            report.samples.append(Sample(elapsed, bound, status["pending"], self._utilization(counts["bound"])))
             if self.on_progress:
                 self.on_progress(bound, total, status)
             # settled: the workload is all created, and every pod not bound is known to the
             # coordinator as unschedulable (or as having an invalid spec)
-            waiting = len(inv["pods_unbound"])
-            settled = (not feeder.is_alive() and waiting == status["unschedulable"] + status["invalid"]
+            settled = (not feeder.is_alive() and counts["unbound"] == status["unschedulable"] + status["invalid"]
                        and status["pending"] == status["unschedulable"])
-            if inv["pods_bound"] != last_bound:
+            if counts["bound"] != last_bound:
                 done_at = elapsed
-            last_bound = inv["pods_bound"]
+            last_bound = counts["bound"]
             if settled:
                 report.schedule_wall_s = done_at or elapsed
                 return
@@ -394,6 +402,7 @@ class EmbeddedRun:
         tracked = set(ray.get(self.coordinator.pending_keys.remote()))
         report.lost_pods = len([k for k in inv["pods_unbound"] if k not in tracked])
         report.cpu_s = self.meter.cpu_s()
+        report.cpu_s_by_process = self.meter.cpu_by_label()
         report.ray_system_cpu_s = self.system_meter.cpu_s()
         self.meter.sample()
         report.peak_rss_bytes = self.meter.peak_rss
