@@ -82,6 +82,7 @@ class CoordinatorHost:
     def unschedulable_reasons(self): return self.coordinator.unschedulable_reasons()
     def pending_keys(self): return self.coordinator.pending_keys()
     def kill_shard(self, index): self.coordinator.kill_shard(index)
+    def metric_samples(self): return self.coordinator.metrics.samples()
     def pid(self): return os.getpid()
 
     def shards(self) -> list[Any]:

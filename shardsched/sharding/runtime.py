@@ -248,7 +248,9 @@ class EmbeddedRun:
         def fetch() -> dict:
             shards = ray.get(self.coordinator.shards.remote(), timeout=5)
             samples = ray.get([s.metric_samples.remote() for s in shards], timeout=5)
-            return {str(i): s for i, s in enumerate(samples)}
+            out = {str(i): s for i, s in enumerate(samples)}
+            out["coordinator"] = ray.get(self.coordinator.metric_samples.remote(), timeout=5)
+            return out
 
         registry = CollectorRegistry()
         registry.register(AggregateCollector(fetch))
