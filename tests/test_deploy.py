@@ -1008,3 +1008,18 @@ def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     lease = config.leader_election.resource_name
     for verb, group, resource in PERMISSIONS + LEADER_PERMISSIONS:
         assert {(group, resource, verb, ""), (group, resource, verb, lease)} & granted, (verb, group, resource)
+
+
+def test_standalone_rbac_grants_exactly_what_the_kustomize_base_grants():
+    """deploy/rbac/ (kubectl apply -f, for serve outside KubeRay) and deploy/base/rbac.yaml must
+    not drift apart: the same rules, as sets of (group, resource, verb, name)."""
+    import yaml
+
+    def grants(docs):
+        role = next(d for d in docs if d and d.get("kind") == "ClusterRole")
+        return {(g, r, v, n) for rule in role["rules"] for g in rule.get("apiGroups", [])
+                for r in rule["resources"] for v in rule["verbs"] for n in rule.get("resourceNames") or [None]}
+
+    base = list(yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text()))
+    standalone = list(yaml.safe_load_all((ROOT / "deploy/rbac/02-clusterrole.yaml").read_text()))
+    assert grants(base) == grants(standalone)

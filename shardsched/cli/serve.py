@@ -1,0 +1,310 @@
+"""``shardsched serve``: schedule the pods of a real cluster, next to the default scheduler."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import click
+
+from shardsched.errors import ConfigError, PermanentError, ShardschedError, TemporaryError
+
+log = logging.getLogger("shardsched.serve")
+
+#: upstream's lock name; shardsched must never contend for kube-scheduler's own Lease
+UPSTREAM_LOCK = "kube-scheduler"
+DEFAULT_LOCK = "shardsched"
+
+EXIT_CONFIG, EXIT_LOST = 2, 3
+
+#: the profile served without --config: kube's defaults under the name "shardsched", so that nothing
+#: is taken from the default scheduler unless a pod asks for shardsched
+DEFAULT_PROFILE = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: shardsched
+"""
+
+
+class _State:
+    """What /healthz, /readyz and /metrics report; written by the main loop."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"  # starting | standby | waiting | leading | stopping
+        self.reason = ""
+        self.runtime = None
+        self.leading = False
+
+
+def _health_server(state: _State, address: str, port: int) -> ThreadingHTTPServer:
+    """``/healthz`` (the process runs), ``/readyz`` (standby, or leading with synced caches: 200;
+    else 503 and why), ``/metrics`` (Prometheus text: shards, coordinator, Kubernetes backend)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from shardsched.metrics import AggregateCollector
+
+    def families() -> dict[str, list]:
+        out = state.runtime.metric_families() if state.runtime is not None and state.phase == "leading" else {}
+        out["serve"] = [("shardsched_leader", "gauge", "1 when this process is the active coordinator.",
+                         [("shardsched_leader", {}, 1.0 if state.leading else 0.0)])]
+        return out
+
+    registry = CollectorRegistry()
+    registry.register(AggregateCollector(families))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?")[0]
+            if path == "/healthz":
+                return self._send(200, b"ok")
+            if path == "/readyz":
+                ready = state.phase in ("standby", "leading")
+                detail = {"phase": state.phase, "reason": state.reason}
+                return self._send(200 if ready else 503, json.dumps(detail).encode(), "application/json")
+            if path == "/metrics":
+                return self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            self._send(404, b"not found")
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server
+
+
+def _start_runtime(runtime, cluster_probe, lease_namespace: str | None, state: _State, stop: threading.Event) -> bool:
+    """Preflight (RBAC) and start, retrying with backoff until it works or ``stop``. Never raises for
+    RBAC or an unreachable API: it logs a clear message and waits (no crash loop)."""
+    from shardsched.kube.informer import Backoff
+
+    backoff = Backoff(base_s=1.0, cap_s=30.0)
+    while not stop.is_set():
+        try:
+            missing = cluster_probe.missing_permissions(lease_namespace)
+            if missing:
+                raise PermanentError("RBAC denied: shardsched's service account lacks " + ", ".join(missing)
+                                     + " (apply deploy/rbac/)")
+            runtime.start()
+            return True
+        except (PermanentError, TemporaryError) as e:
+            delay = backoff.next_s()
+            state.phase, state.reason = "waiting", str(e)
+            log.log(logging.ERROR if isinstance(e, PermanentError) else logging.WARNING,
+                    "%s; retrying in %.0f s", e, delay)
+            stop.wait(delay)
+    return False
+
+
+@click.command()
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
+              help="kubeconfig file; default: in-cluster config in a pod, else $KUBECONFIG or ~/.kube/config "
+                   "(the profile file's clientConnection.kubeconfig if it sets one).")
+@click.option("--context", default=None, help="kubeconfig context (default: its current-context).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="KubeSchedulerConfiguration file (profiles; clientConnection; leaderElection).")
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shards.")
+@click.option("--mode", type=click.Choice(["ray", "threads"]), default="ray", show_default=True,
+              help="ray: coordinator and shards as Ray actors; threads: all in this process, no Ray.")
+@click.option("--ray-address", help="Join this Ray cluster instead of starting a local one (auto: the local node's).")
+@click.option("--shard-cpus", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="CPUs each shard actor declares (ray mode); 1 lets Ray's autoscaler add workers for shards.")
+@click.option("--redis-url", help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve /metrics, /healthz and /readyz on this port (0 = a free port, logged).")
+@click.option("--metrics-address", default="0.0.0.0", show_default=True, help="Address of the metrics server.")
+@click.option("--leader-elect/--no-leader-elect", default=None,
+              help="Elect one active coordinator through a Lease (default: the profile file's "
+                   "leaderElection.leaderElect, true).")
+@click.option("--leader-elect-lease-name", default=None, help=f"Lease name (default: {DEFAULT_LOCK}).")
+@click.option("--leader-elect-lease-namespace", default=None,
+              help="Lease namespace (default: the profile file's leaderElection.resourceNamespace, kube-system).")
+@click.option("--leader-elect-lease-duration", type=click.IntRange(2), default=None,
+              help="Seconds a standby waits before taking over (default: the file's, 15).")
+@click.option("--leader-elect-renew-deadline", type=click.IntRange(2), default=None,
+              help="Seconds the leader keeps trying to renew before giving up (default: the file's, 10).")
+@click.option("--leader-elect-retry-period", type=click.IntRange(1), default=None,
+              help="Seconds between attempts (default: the file's, 2).")
+@click.option("--identity", default=None, help="holderIdentity in the Lease (default: <hostname>_<uuid>).")
+@click.option("--kube-api-qps", type=click.FloatRange(0), default=None,
+              help="Binding requests per second for the whole scheduler, split over the shards "
+                   "(default: the file's clientConnection.qps, 50 as kube-scheduler; 0 = unlimited).")
+@click.option("--kube-api-burst", type=click.IntRange(1), default=None,
+              help="Bursts of binding requests (default: the file's clientConnection.burst, 100).")
+@click.option("--watch-timeout", "watch_timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
+              help="Seconds one watch call lasts before it is renewed (randomized up to 2x).")
+@click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
+              help="Pods per batch; 0 = adaptive.")
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--bench", "bench_pods", type=click.IntRange(1), default=None,
+              help="Benchmark: create this many pods, measure bound pods/s and latency next to the API "
+                   "server's own binding rate, delete them, exit.")
+@click.option("--bench-namespace", default="default", show_default=True)
+@click.option("--bench-nodes", type=click.IntRange(0), default=0, show_default=True,
+              help="Create this many nodes for the benchmark first (for an API server without kubelets).")
+@click.option("--bench-timeout", type=float, default=300.0, show_default=True)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def serve(**kw) -> None:
+    """Schedule the pods of a Kubernetes cluster whose spec.schedulerName is one of the profiles.
+
+    \b
+    Runs next to the default scheduler: pods opt in with spec.schedulerName (the profile file's
+    names; "shardsched" without a file). Watches nodes and pods, binds through pods/binding,
+    writes the Scheduled and FailedScheduling Events and the PodScheduled=False condition, like
+    kube-scheduler. With leader election (the default) any number of serve processes run and one
+    is active. See docs/kubernetes.md.
+
+    \b
+    Exit status: 0 after SIGTERM/SIGINT; 1 when Redis or Ray cannot start; 2 for a bad profile file or
+    kubeconfig; 3 when the leader lost its Lease (restart it: it comes back as a candidate). RBAC denied
+    or an unreachable API server are not fatal: it logs why, reports 503 on /readyz, and retries.
+    """
+    from shardsched.config import load_config, parse_config
+    from shardsched.kube.client import ClientSpec
+    from shardsched.kube.cluster import KubeCluster
+    from shardsched.kube.runtime import KubeRuntime, RuntimeOptions
+    from shardsched.sharding.shard import ShardOptions
+
+    try:
+        config = load_config(kw["config_path"]) if kw["config_path"] else parse_config(DEFAULT_PROFILE, "<serve default>")
+    except (ConfigError, ShardschedError, OSError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    cc, le = config.client_connection, config.leader_election
+    spec = ClientSpec(kubeconfig=kw["kubeconfig"] or cc.kubeconfig or None, context=kw["context"],
+                      qps=cc.qps if kw["kube_api_qps"] is None else kw["kube_api_qps"],
+                      burst=kw["kube_api_burst"] or cc.burst)
+    try:
+        api_client = spec.api_client()
+    except PermanentError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    leader_elect = le.leader_elect if kw["leader_elect"] is None else kw["leader_elect"]
+    if kw["bench_pods"] and kw["leader_elect"] is None:
+        leader_elect = False
+    lease_name = kw["leader_elect_lease_name"] or (le.resource_name if le.resource_name != UPSTREAM_LOCK else DEFAULT_LOCK)
+    lease_ns = kw["leader_elect_lease_namespace"] or le.resource_namespace
+    names = [p.scheduler_name for p in config.profiles]
+    if "default-scheduler" in names:
+        log.warning("a profile is named default-scheduler: shardsched will compete with the default scheduler for "
+                    "every pod that does not name a scheduler")
+    options = RuntimeOptions(shards=kw["shards"], mode=kw["mode"], redis_url=kw["redis_url"],
+                             ray_address=kw["ray_address"] or None, watch_timeout_s=kw["watch_timeout_s"],
+                             shard_num_cpus=kw["shard_cpus"],
+                             shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"]),
+                             prefix=f"ss:{lease_name}:{uuid.uuid4().hex[:8]}:")
+    state = _State()
+    stop = threading.Event()
+    lost = threading.Event()
+    become_leader = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = None
+    if kw["metrics_port"] is not None:
+        try:
+            server = _health_server(state, kw["metrics_address"], kw["metrics_port"])
+        except OSError as e:
+            click.echo(f"error: --metrics-port {kw['metrics_port']}: {e.strerror or e}", err=True)
+            sys.exit(EXIT_CONFIG)
+        log.warning("serving /metrics, /healthz, /readyz on %s:%d", kw["metrics_address"], server.server_address[1])
+
+    elector = None
+    if leader_elect:
+        from shardsched.kube.leader import LeaderElector
+
+        identity = kw["identity"] or f"{socket.gethostname()}_{uuid.uuid4()}"
+        try:
+            elector = LeaderElector(api_client, lease_name, lease_ns, identity, on_started=become_leader.set,
+                                    on_stopped=lambda: None if stop.is_set() else lost.set(),
+                                    lease_duration_s=kw["leader_elect_lease_duration"] or round(le.lease_duration_s),
+                                    renew_deadline_s=kw["leader_elect_renew_deadline"] or round(le.renew_deadline_s),
+                                    retry_period_s=kw["leader_elect_retry_period"] or round(le.retry_period_s))
+        except ValueError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_CONFIG)
+        state.phase = "standby"
+        log.warning("leader election: %s is a candidate for Lease %s/%s", identity, lease_ns, lease_name)
+        elector.start()
+    else:
+        become_leader.set()
+
+    runtime = KubeRuntime(config, spec, options)
+    probe = KubeCluster(spec, names)
+    code = 0
+    bench = None
+    try:
+        while not (stop.is_set() or lost.is_set() or become_leader.is_set()):
+            stop.wait(0.1)
+        if become_leader.is_set() and not (stop.is_set() or lost.is_set()):
+            state.leading = True
+            state.runtime = runtime
+            bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
+            if _start_runtime(runtime, probe, lease_ns if leader_elect else None, state, stop):
+                started_at = time.time()
+                state.phase, state.reason = "leading", ""
+                log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
+                if bench is not None:
+                    code = _bench_report(bench, report, started_at, kw)
+                    bench = None
+                    stop.set()
+                while not (stop.is_set() or lost.is_set()):
+                    stop.wait(0.2)
+        if lost.is_set() and not stop.is_set():
+            log.error("leader election lost; stopping (exit %d)", EXIT_LOST)
+            code = EXIT_LOST
+    except ShardschedError as e:  # Redis or Ray could not start: the operator must act
+        click.echo(f"error: {e}", err=True)
+        code = 1
+    finally:
+        state.phase = "stopping"
+        if bench is not None:
+            bench.cleanup()
+        runtime.stop()
+        if elector is not None:
+            elector.release()
+        if server is not None:
+            server.shutdown()
+    sys.exit(code)
+
+
+def _bench_prepare(spec, scheduler_name: str, kw: dict):
+    """Baseline and backlog before the scheduler starts (`shardsched.kube.bench`)."""
+    from shardsched.kube.bench import Bench
+
+    bench = Bench(spec, scheduler_name, kw["bench_namespace"])
+    return bench, bench.prepare(kw["bench_pods"], kw["bench_nodes"])
+
+
+def _bench_report(bench, report, started_at: float, kw: dict) -> int:
+    if report.api_binds:
+        report = bench.measure(report, started_at, kw["bench_timeout"])
+    data = report.to_json()
+    if kw["output"] == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        lat = data["latency_ms"] or {"p50": 0.0, "p99": 0.0}
+        click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
+                   f"{data['pods_per_s']:.1f} pods/s; pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
+        click.echo(f"API server: {data['api_binds']} binds from one client in {data['api_bind_wall_s']:.2f} s = "
+                   f"{data['api_binds_per_s']:.1f} binds/s")
+        click.echo(f"ratio shardsched / API server: {data['ratio']:.2f} (>= 0.9: the API server is the limit)")
+        for err in data["errors"]:
+            click.echo(f"note: {err}", err=True)
+    return 0 if not data["errors"] else 1
+

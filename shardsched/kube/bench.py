@@ -1,0 +1,204 @@
+"""``serve --bench N``: how fast does shardsched bind against this API server, and is the API server
+or the scheduler the limit?
+
+Two measurements in the namespace given, both from this process:
+
+1. **API server baseline**: N pods with a schedulerName nobody serves are created, then bound
+   directly from one client (`KubeCluster.bind_many`, the same concurrent ``pods/binding`` path the
+   shards use, without a rate limit), round-robin over the nodes: binds per second the API server
+   accepts from one client. The pods are then deleted.
+2. **shardsched**, on a backlog (the field report's burst: thousands of pods pending at once): N
+   pods for the scheduler's first profile are created *before* shardsched starts (so the creation
+   rate, itself limited by the API server, does not cap the measured rate); a watch of the namespace
+   sees each get ``spec.nodeName``. Pods/s = bound / (last bound seen - shardsched started, i.e.
+   its start returned, Ray and the informers' first lists done, or the first bind seen if earlier);
+   latency = from max(pod created, shardsched started) to the bind seen on the watch (the time a pod waited
+   while shardsched was running), P50/P99.
+
+The report puts both rates side by side (``ratio`` = shardsched / API server; the issue's target is
+>= 0.9, i.e. shardsched is never the limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from shardsched.kube.client import Api, ClientSpec
+from shardsched.kube.cluster import KubeCluster
+from shardsched.kube.informer import BOUND, BOUND_WATCH, Reflector, Store, WatchSpec
+from shardsched.sharding.shard import CREATED_AT_ANNOTATION
+from shardsched.sim.cluster import POD
+
+log = logging.getLogger(__name__)
+
+#: a schedulerName no scheduler serves: pods of the baseline stay pending until we bind them
+UNSERVED = "shardsched-bench-unserved"
+
+
+@dataclass
+class BenchReport:
+    """Numbers of one bench run (``to_json`` is the ``-o json`` contract)."""
+
+    pods: int = 0
+    bound: int = 0
+    wall_s: float = 0.0
+    pods_per_s: float = 0.0
+    latency_ms: dict = field(default_factory=dict)
+    api_binds: int = 0
+    api_bind_wall_s: float = 0.0
+    api_binds_per_s: float = 0.0
+    ratio: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def _pod(name: str, namespace: str, scheduler_name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": "shardsched-bench"},
+                         "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
+            "spec": {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                                     "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}
+
+
+class Bench:
+    """Runs the two measurements (module docstring).
+
+    Args:
+        spec: connection (its rate limit is not applied here: the bench measures the server).
+        scheduler_name: the schedulerName shardsched serves (its first profile).
+        namespace: where the bench pods live (must exist).
+        workers: concurrent create/delete/bind requests.
+    """
+
+    def __init__(self, spec: ClientSpec, scheduler_name: str, namespace: str = "default", workers: int = 32) -> None:
+        self.spec = spec
+        self.scheduler_name = scheduler_name
+        self.namespace = namespace
+        self.workers = workers
+        client = spec.api_client(pool_size=workers + 4)
+        self.api = Api(client, None, (spec.connect_timeout_s, spec.request_timeout_s))
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="bench")
+
+    def _create(self, pods: list[dict]) -> list[dict]:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        return list(self.pool.map(lambda p: self.api.request("POST", path, verb="create", resource="pods", body=p), pods))
+
+    def _delete(self, names: list[str]) -> None:
+        def one(name: str) -> None:
+            try:
+                self.api.request("DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}", verb="delete",
+                                 resource="pods", body={"gracePeriodSeconds": 0})
+            except Exception as e:  # noqa: BLE001 - cleanup is best effort
+                log.debug("delete %s: %s", name, e)
+        list(self.pool.map(one, names))
+
+    def nodes(self) -> list[str]:
+        data = self.api.request("GET", "/api/v1/nodes", verb="list", resource="nodes")
+        return [n["metadata"]["name"] for n in data.get("items") or []]
+
+    def create_nodes(self, count: int) -> list[str]:
+        """Create ``count`` nodes with room for many pods (for clusters without kubelets, e.g. a bare
+        API server); returns their names."""
+        names = [f"shardsched-bench-node-{i:04d}" for i in range(count)]
+        alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
+        for name in names:
+            self.api.request("POST", "/api/v1/nodes", verb="create", resource="nodes",
+                             body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                   "status": {"capacity": alloc, "allocatable": alloc}})
+        return names
+
+    def api_baseline(self, n: int, nodes: list[str], report: BenchReport) -> None:
+        """Measurement 1 (module docstring)."""
+        names = [f"bench-api-{i:06d}" for i in range(n)]
+        created = self._create([_pod(name, self.namespace, UNSERVED) for name in names])
+        binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
+                             emit_scheduled=False)
+        items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
+                 for i, p in enumerate(created)]
+        t0 = time.perf_counter()
+        results = binder.bind_many(items)
+        report.api_bind_wall_s = time.perf_counter() - t0
+        report.api_binds = sum(1 for r in results if r.code == 201)
+        report.api_binds_per_s = report.api_binds / report.api_bind_wall_s if report.api_bind_wall_s else 0.0
+        bad = [r for r in results if r.code != 201]
+        if bad:
+            report.errors.append(f"baseline: {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
+        self._delete(names)
+
+    def prepare(self, n: int, create_nodes: int = 0) -> BenchReport:
+        """Before shardsched starts: nodes (``create_nodes`` new ones if asked), the API server
+        baseline, then the backlog of ``n`` pending pods and the watch that times their binds."""
+        report = BenchReport(pods=n)
+        if create_nodes:
+            self._made_nodes = self.create_nodes(create_nodes)
+        nodes = self.nodes()
+        if not nodes:
+            report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
+            return report
+        self.api_baseline(n, nodes, report)
+        spec = WatchSpec(BOUND_WATCH, POD, f"/api/v1/namespaces/{self.namespace}/pods",
+                         f"spec.schedulerName={self.scheduler_name}", BOUND)
+        self._store = Store([spec])
+        self._names = [f"bench-{i:06d}" for i in range(n)]
+        self._create([_pod(name, self.namespace, self.scheduler_name) for name in self._names])
+        self._reflector = Reflector(self.api, self._store, spec, watch_timeout_s=60)
+        self._reflector.list()
+        self._reflector.start()
+        return report
+
+    def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
+        """After shardsched started (``started_at``, Unix s, when its start returned; the window
+        starts at the first bind seen if that was earlier): wait until every pod is bound (or
+        ``timeout_s``), compute the figures, delete the pods and the nodes made."""
+        n = len(self._names)
+        bound_at: dict[str, float] = {}
+        created_at: dict[str, float] = {}
+        seq = 0
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(bound_at) < n and time.monotonic() < deadline:
+                events, seq = self._store.since(seq)
+                now = time.time()
+                for ev in events:
+                    meta = ev.object.get("metadata") or {}
+                    name = meta.get("name")
+                    created = (meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)
+                    if created:
+                        created_at.setdefault(name, float(created))
+                    if (ev.object.get("spec") or {}).get("nodeName"):
+                        bound_at.setdefault(name, now)
+                time.sleep(0.005)
+        finally:
+            self._reflector.stop()
+        report.bound = len(bound_at)
+        if bound_at:
+            started_at = min(started_at, min(bound_at.values()))
+            report.wall_s = max(bound_at.values()) - started_at
+            report.pods_per_s = report.bound / report.wall_s if report.wall_s > 0 else 0.0
+            lat = np.array([bound_at[k] - max(created_at.get(k, started_at), started_at) for k in bound_at]) * 1000
+            report.latency_ms = {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+                                 "avg": float(lat.mean())}
+        if report.bound < n:
+            report.errors.append(f"only {report.bound}/{n} pods bound within {timeout_s:.0f} s")
+        report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
+        self.cleanup()
+        return report
+
+    def cleanup(self) -> None:
+        """Delete the bench pods and the nodes made (best effort)."""
+        self._delete(getattr(self, "_names", []))
+        for name in getattr(self, "_made_nodes", []):
+            try:
+                self.api.request("DELETE", f"/api/v1/nodes/{name}", verb="delete", resource="nodes")
+            except Exception:  # noqa: BLE001 - cleanup
+                pass
+        self._names, self._made_nodes = [], []

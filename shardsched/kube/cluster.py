@@ -1,0 +1,362 @@
+"""KubeCluster: the cluster protocol of `shardsched.sim.SimCluster`, over a real API server.
+
+The coordinator consumes it through `Remote` exactly like the simulated cluster:
+
+- ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``: the informers' caches (camelCase
+  dicts, as the API server sent them) and a sequence number; ``events_since(rv, kinds, limit)``:
+  the changes after it, raising `shardsched.sim.errors.Gone` when the log no longer reaches back.
+  The informers (`shardsched.kube.informer`) list then watch nodes, the pods bound to any node, and
+  our pending pods (server-side field selectors), with bookmarks, relisting on 410 and reconnecting
+  with backoff; they start on the first list and that first list waits for the caches to sync.
+- ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
+  queued and written in the background (`shardsched.kube.writers`).
+
+Shards bind through ``bind_many`` (the `BindTarget` protocol): the ``pods/binding`` subresource,
+concurrently from a thread pool, each request taking a token from a client-side token bucket, and
+the answer mapped to the codes the shard understands (201; 404 and 409 passed through; 429, 5xx,
+connect failures -> 500, not applied; 504 and read timeouts -> 504, maybe applied). After a 201 it
+records the ``Scheduled`` Event ("Successfully assigned ns/pod to node") as kube-scheduler does right
+after its Bind succeeds: the hook is the bind itself, so the Event is written by the process that
+bound the pod and only for binds that succeeded.
+
+The object is plain and picklable (its `ClientSpec` and options): every process that receives a
+copy (the coordinator actor, each shard actor) builds its own API client on first use, and a copy
+that only binds never starts informers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Mapping, Sequence
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from shardsched.errors import PermanentError
+from shardsched.kube.client import Api, ClientSpec, TokenBucket, classify, transport_error
+from shardsched.kube.informer import Reflector, Store, watch_specs
+from shardsched.kube.writers import EventRecorder, StatusWriter
+from shardsched.sim.cluster import BindResult, WatchEvent
+from shardsched.sim.errors import Timeout
+
+log = logging.getLogger(__name__)
+
+#: (verb, API group, resource) a running scheduler needs; deploy/rbac/02-clusterrole.yaml grants exactly
+#: these (core/v1 Events only matter on servers without events.k8s.io/v1)
+PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
+               ("create", "", "pods/binding"), ("patch", "", "pods/status"),
+               ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
+               ("create", "", "events"), ("patch", "", "events")]
+#: and with --leader-elect, in the Lease's namespace
+LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
+                      ("update", "coordination.k8s.io", "leases")]
+
+#: codes of `BindResult` as the shard reads them
+BOUND, NOT_FOUND, CONFLICT, NOT_APPLIED, MAYBE_APPLIED = 201, 404, 409, 500, 504
+
+
+class KubeCluster:
+    """See the module docstring.
+
+    Args:
+        spec: how to reach the API server, and the rate limit (``qps``/``burst``).
+        scheduler_names: the profiles' schedulerNames: the pending pods watched are theirs.
+        bind_share: fraction of ``spec.qps``/``burst`` this copy may use for binds (1/shards when
+            every shard has its own copy, so that together they keep kube-scheduler's client
+            budget). Events, conditions, lists and watches have a bucket of the full size, as
+            kube-scheduler's event client is separate from its main client.
+        bind_workers: concurrent bind requests (threads and pooled connections).
+        watch_timeout_s: server-side timeout of one watch call (reconnects after it).
+        log_limit: changes kept for ``events_since``.
+        emit_scheduled: record the ``Scheduled`` Event after each successful bind.
+
+    Raises (from the protocol methods): `PermanentError` for a bad kubeconfig or RBAC denied on the
+    initial list, `TemporaryError` when the API server is unreachable; later failures of the
+    informers are retried in the background and reported by `health`.
+    """
+
+    def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
+                 bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
+                 emit_scheduled: bool = True) -> None:
+        if not scheduler_names:
+            raise ValueError("scheduler_names: at least one schedulerName is needed")
+        self._args = dict(spec=spec, scheduler_names=list(scheduler_names), bind_share=bind_share,
+                          bind_workers=bind_workers, watch_timeout_s=watch_timeout_s, log_limit=log_limit,
+                          emit_scheduled=emit_scheduled)
+        self.spec = spec
+        self.scheduler_names = list(scheduler_names)
+        self.bind_share = bind_share
+        self.bind_workers = bind_workers
+        self.watch_timeout_s = watch_timeout_s
+        self.emit_scheduled = emit_scheduled
+        self.store = Store(watch_specs(self.scheduler_names), log_limit)
+        self._lock = threading.RLock()
+        self._client: k8s.ApiClient | None = None
+        self._api: Api | None = None
+        self._bind_bucket: TokenBucket | None = None
+        self._core: k8s.CoreV1Api | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._recorder: EventRecorder | None = None
+        self._status: StatusWriter | None = None
+        self._reflectors: list[Reflector] = []
+        self._started = False
+        self.bind_counts: dict[int, int] = {}
+        self._last_rbac_log = 0.0
+
+    # ------------------------------------------------------------------ pickling (one client per process)
+    def __getstate__(self) -> dict:
+        return dict(self._args)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    # ------------------------------------------------------------------ lazy parts
+    def _connection(self) -> Api:
+        with self._lock:
+            if self._api is None:
+                self._client = self.spec.api_client(pool_size=self.bind_workers + 8)
+                timeouts = (self.spec.connect_timeout_s, self.spec.request_timeout_s)
+                self._api = Api(self._client, TokenBucket(self.spec.qps, self.spec.burst), timeouts)
+            return self._api
+
+    def _binder(self) -> tuple[k8s.CoreV1Api, ThreadPoolExecutor, TokenBucket]:
+        with self._lock:
+            if self._core is None:
+                self._connection()
+                share = min(1.0, max(self.bind_share, 1e-6))
+                self._bind_bucket = TokenBucket(self.spec.qps * share, max(1, round(self.spec.burst * share)))
+                self._core = k8s.CoreV1Api(self._client)
+                self._pool = ThreadPoolExecutor(self.bind_workers, thread_name_prefix="bind")
+            return self._core, self._pool, self._bind_bucket
+
+    def recorder(self) -> EventRecorder:
+        with self._lock:
+            if self._recorder is None:
+                self._recorder = EventRecorder(self._connection(), self.scheduler_names[0])
+            return self._recorder
+
+    def _status_writer(self) -> StatusWriter:
+        with self._lock:
+            if self._status is None:
+                self._status = StatusWriter(self._connection(), self.store.pod)
+            return self._status
+
+    def start(self) -> None:
+        """List every watched collection (the caches are synced when this returns), then start the
+        watch threads. Idempotent; safe to call again after it raised.
+
+        Raises: `PermanentError` (kubeconfig, RBAC: the message names verb and resource),
+        `TemporaryError` (API server unreachable or answering errors or garbage).
+        """
+        with self._lock:
+            if self._started:
+                return
+            api = self._connection()
+            if not self._reflectors:
+                self._reflectors = [Reflector(api, self.store, s, self.watch_timeout_s) for s in self.store.specs.values()]
+            for r in self._reflectors:
+                if not r.stats.synced:
+                    r.list()
+            for r in self._reflectors:
+                r.start()
+            self._started = True
+
+    # ------------------------------------------------------------------ the cluster protocol
+    def list_nodes(self) -> tuple[list[dict], int]:
+        """All nodes, and the sequence number to pass to `events_since` (pins the pods of the same
+        moment for the next `list_pods`). Raises: see `start`."""
+        self.start()
+        return self.store.list_nodes()
+
+    def list_pods(self) -> tuple[list[dict], int]:
+        """Our pending pods and every non-terminal bound pod, and the sequence number. Raises: see
+        `start`."""
+        self.start()
+        return self.store.list_pods()
+
+    def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
+                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
+        """Changes after ``rv`` (`Store.since`). Raises: `Gone` (list again), `Invalid`."""
+        self.start()
+        return self.store.since(rv, kinds, limit)
+
+    def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:  # noqa: A002
+        """Queue an Event (``events.k8s.io/v1``, or core/v1 on old servers) about ``obj_ref``;
+        ``reportingController`` is the pod's schedulerName when the pod is in the cache. Never
+        blocks; dropped (and counted) only when 10,000 Events are waiting."""
+        controller = None
+        if obj_ref.get("kind") == "Pod":
+            pod = self.store.pod(obj_ref.get("namespace") or "default", obj_ref.get("name") or "")
+            controller = ((pod or {}).get("spec") or {}).get("schedulerName")
+        self.recorder().emit(obj_ref, type, reason, message, controller)
+
+    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> None:
+        """Queue a pod condition update through ``pods/status`` (coalesced per pod; skipped when the
+        pod already has it). Never blocks."""
+        self._status_writer().set_condition(namespace, name, condition)
+
+    # ------------------------------------------------------------------ binding
+    def bind_many(self, bindings: Sequence[tuple]) -> list[BindResult]:
+        """Bind pods through ``pods/binding``, concurrently; one result per item, in order, never
+        raising for an item (codes in the module docstring).
+
+        Args:
+            bindings: (namespace, name, node) or (namespace, name, node, uid); the uid is sent as
+                the Binding's ``metadata.uid`` precondition (a re-created pod answers 409).
+        """
+        if not bindings:
+            return []
+        _, pool, _ = self._binder()
+        futures = [pool.submit(self._bind_one, *b) for b in bindings]
+        results = [f.result() for f in futures]
+        with self._lock:
+            for r in results:
+                self.bind_counts[r.code] = self.bind_counts.get(r.code, 0) + 1
+        return results
+
+    def _bind_one(self, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
+        core, _, bucket = self._binder()
+        resource = f"pods/binding ({namespace}/{name} -> {node})"
+        body = k8s.V1Binding(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+                             target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        bucket.acquire()
+        try:
+            # _preload_content=False: the server answers a Status, which the client cannot
+            # deserialize as the V1Binding its signature promises (kubernetes-client/python#547)
+            resp = core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
+                                                      _request_timeout=(self.spec.connect_timeout_s,
+                                                                        self.spec.request_timeout_s))
+            try:
+                resp.read()
+            finally:
+                resp.release_conn()
+        except ApiException as e:
+            if not e.status:  # the client's wrapper of TLS failures
+                return BindResult(namespace, name, node, NOT_APPLIED, "Unreachable", str(e.reason))
+            err = classify(e.status, e.body, "create", resource, getattr(e, "headers", None))
+            if e.status in (NOT_FOUND, CONFLICT):
+                return BindResult(namespace, name, node, e.status, getattr(err, "reason", ""), str(err))
+            if isinstance(err, PermanentError):
+                self._log_rbac(err)
+            code = MAYBE_APPLIED if e.status == 504 else NOT_APPLIED
+            return BindResult(namespace, name, node, code, getattr(err, "reason", ""), str(err))
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            err = transport_error(e, "create", resource, self._client.configuration.host)
+            code = MAYBE_APPLIED if isinstance(err, Timeout) else NOT_APPLIED
+            return BindResult(namespace, name, node, code, type(err).__name__, str(err))
+        except Exception as e:  # noqa: BLE001 - never raise for one item
+            log.exception("bind of %s/%s failed unexpectedly", namespace, name)
+            return BindResult(namespace, name, node, NOT_APPLIED, "InternalError", f"{type(e).__name__}: {e}")
+        if self.emit_scheduled:
+            try:
+                self.recorder().emit({"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name,
+                                      "uid": uid}, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node}")
+            except Exception:  # noqa: BLE001 - the pod is bound; an Event must not turn that into an error
+                log.exception("Scheduled event for %s/%s not queued", namespace, name)
+        return BindResult(namespace, name, node, BOUND)
+
+    def _log_rbac(self, err: Exception) -> None:
+        now = time.monotonic()
+        if now - self._last_rbac_log > 60:
+            self._last_rbac_log = now
+            log.error("%s", err)
+
+    def missing_permissions(self, lease_namespace: str | None = None) -> list[str]:
+        """Ask the API server (SelfSubjectAccessReview, allowed to every authenticated user) which of
+        `PERMISSIONS` (and `LEADER_PERMISSIONS` in ``lease_namespace`` when given) we lack.
+
+        Returns: ``"verb group/resource"`` strings, empty when all are granted.
+        Raises: `Unauthorized`, `TemporaryError` (API server unreachable or failing).
+        """
+        api = self._connection()
+        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS]
+        if lease_namespace:
+            wanted += [(v, g, r, lease_namespace) for v, g, r in LEADER_PERMISSIONS]
+        missing = []
+        for verb, group, resource, namespace in wanted:
+            res, _, sub = resource.partition("/")
+            attrs = {"verb": verb, "group": group, "resource": res}
+            if sub:
+                attrs["subresource"] = sub
+            if namespace:
+                attrs["namespace"] = namespace
+            review = api.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", verb="create",
+                                 resource="selfsubjectaccessreviews",
+                                 body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                       "spec": {"resourceAttributes": attrs}})
+            if not ((review or {}).get("status") or {}).get("allowed"):
+                where = f" in namespace {namespace}" if namespace else ""
+                missing.append(f"{verb} {group + '/' if group else ''}{resource}{where}")
+        return missing
+
+    # ------------------------------------------------------------------ operations
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until queued Events and condition updates are written; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        ok = True
+        for writer in (self._recorder, self._status):
+            if writer is not None:
+                ok = writer.flush(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def cut_watches(self) -> None:
+        """Break every watch connection (each resumes from its last resourceVersion)."""
+        for r in self._reflectors:
+            r.cut()
+
+    def health(self) -> dict[str, Any]:
+        """Plain status: ``synced`` (every initial list done), per-watch counters and last errors,
+        ``permanent_error`` (the newest RBAC/credential failure of a watch, or ""), bind codes,
+        writer counters."""
+        watches = {r.spec.name: vars(r.stats).copy() for r in self._reflectors}
+        permanent = next((s["last_error"] for s in watches.values() if s["last_error_permanent"] and s["errors"]), "")
+        return {
+            "synced": bool(self._reflectors) and all(r.stats.synced for r in self._reflectors),
+            "watches": watches, "objects": self.store.counts(), "permanent_error": permanent,
+            "binds": dict(self.bind_counts),
+            "events": self._recorder.stats if self._recorder else {},
+            "conditions": dict(self._status.queue.stats) if self._status else {},
+        }
+
+    def metric_samples(self) -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
+        """This backend's counters in `ShardMetrics.samples` form, for `AggregateCollector`."""
+        def counter(name: str, doc: str, samples: list[tuple[dict, float]]):
+            return (name, "counter", doc, [(name + "_total", labels, float(v)) for labels, v in samples])
+
+        stats = {r.spec.name: r.stats for r in self._reflectors}
+        families = [
+            counter("shardsched_kube_watch_events", "Watch events applied, by watch.",
+                    [({"watch": w}, s.events) for w, s in stats.items()]),
+            counter("shardsched_kube_watch_calls", "Watch calls made (reconnects included), by watch.",
+                    [({"watch": w}, s.watches) for w, s in stats.items()]),
+            counter("shardsched_kube_lists", "Lists made (initial and after 410 Gone), by watch.",
+                    [({"watch": w}, s.lists) for w, s in stats.items()]),
+            counter("shardsched_kube_watch_errors", "List/watch errors retried with backoff, by watch.",
+                    [({"watch": w}, s.errors) for w, s in stats.items()]),
+            counter("shardsched_kube_garbage", "Answers from the API server that could not be parsed, by watch.",
+                    [({"watch": w}, s.garbage) for w, s in stats.items()]),
+            counter("shardsched_kube_binds", "Bind requests by result code (201, 404, 409, 500, 504).",
+                    [({"code": str(c)}, n) for c, n in sorted(self.bind_counts.items())]),
+        ]
+        for stats, name in ((self._recorder and self._recorder.stats, "events"),
+                            (self._status and self._status.queue.stats, "conditions")):
+            if stats:
+                families.append(counter(f"shardsched_kube_{name}_written", f"{name} written, by outcome.",
+                                        [({"outcome": k}, v) for k, v in stats.items()]))
+        return families
+
+    def stop(self) -> None:
+        """Stop the informers and writers (after flushing what is queued, up to 5 s)."""
+        self.flush(5.0)
+        for r in self._reflectors:
+            r.stop()
+        for writer in (self._recorder, self._status):
+            if writer is not None:
+                writer.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+

@@ -1,0 +1,472 @@
+"""Informers: list, then watch from the list's resourceVersion, relist on 410, reconnect with backoff.
+
+One `Reflector` thread per watch (client-go's Reflector) feeds one `Store` (client-go's informer
+store plus a bounded event log). The store serves the cluster protocol the coordinator consumes:
+snapshots with a sequence number, and `Store.since` for the events after one (raising `Gone` once
+the log no longer reaches back, exactly as the simulated cluster does).
+
+Pods come from two kinds of watch, both filtered on the server:
+
+- ``UNBOUND``, one per schedulerName of our profiles: ``spec.nodeName=,spec.schedulerName=<name>``
+  (only our pending pods are ever sent to us);
+- ``BOUND``: ``spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`` (every pod that uses a
+  node, whoever bound it: default scheduler, DaemonSets, static pods, a rival scheduler).
+
+A watch with a field selector reports an object that stops matching as DELETED (kube's cacher
+sends the previous state). So when a pod gets bound, its UNBOUND watch says DELETED and the BOUND
+watch says ADDED, in either order between the two streams. The store merges them by pod uid:
+
+- an UNBOUND DELETED for a pod the BOUND watch already has is a selector exit: dropped;
+- an UNBOUND ADDED/MODIFIED for a pod the BOUND watch has is an older state arriving late: dropped;
+- an UNBOUND DELETED for a pod not (yet) seen bound is passed on: the coordinator forgets the pending
+  pod, and the BOUND ADDED that follows (if it was a bind) counts it on its node.
+
+So a pod bound by anyone is counted exactly once, and never resurrected as pending.
+
+A relist (after 410 Gone) diffs the new list against what the watch had (client-go's Replace):
+ADDED/MODIFIED for new or changed objects, DELETED for the ones that disappeared, so consumers of
+`Store.since` never need to relist themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import urllib3
+
+from shardsched.errors import PermanentError, TemporaryError
+from shardsched.kube.client import Api, Garbage, classify, iter_lines
+from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, WatchEvent
+from shardsched.sim.errors import Gone, Invalid
+
+log = logging.getLogger(__name__)
+
+NODES, BOUND, UNBOUND = "nodes", "bound", "unbound"
+BOUND_WATCH = "pods-bound"
+#: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
+_CHANGES = (ADDED, MODIFIED, DELETED)
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
+    ``field_selector`` and ``role`` (NODES, BOUND or UNBOUND)."""
+
+    name: str
+    kind: str
+    path: str
+    field_selector: str
+    role: str
+
+    @property
+    def resource(self) -> str:
+        """For messages: ``pods (spec.nodeName=,...)``."""
+        base = self.path.rsplit("/", 1)[-1]
+        return f"{base} ({self.field_selector})" if self.field_selector else base
+
+
+def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
+    """The watches of a scheduler serving ``scheduler_names``: nodes, bound pods, and the unbound
+    pods of each scheduler name (see module docstring)."""
+    specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
+             WatchSpec(BOUND_WATCH, POD, "/api/v1/pods",
+                       "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", BOUND)]
+    for name in sorted(set(scheduler_names)):
+        specs.append(WatchSpec(f"pods-unbound:{name}", POD, "/api/v1/pods",
+                               f"spec.nodeName=,spec.schedulerName={name}", UNBOUND))
+    return specs
+
+
+def _key(obj: dict, kind: str) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    if kind == NODE:
+        return meta.get("name") or None
+    return meta.get("uid") or (f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("name") else None)
+
+
+def _rv(obj: dict) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Store:
+    """Objects of every watch, merged (module docstring), and the log of changes.
+
+    Args:
+        specs: the watches feeding it.
+        log_limit: changes kept for `since` (at least this many, at most 1/8 more); an older
+            sequence number answers `Gone`.
+
+    Thread-safe (one lock). Objects are the dicts from the API server; never modify them.
+    """
+
+    def __init__(self, specs: Iterable[WatchSpec], log_limit: int = 100_000) -> None:
+        self.specs = {s.name: s for s in specs}
+        self._members: dict[str, dict[str, dict]] = {name: {} for name in self.specs}
+        self._unbound = [s.name for s in self.specs.values() if s.role == UNBOUND]
+        self._by_name: dict[str, dict] = {}  # "namespace/name" -> latest pod (any pod watch)
+        self._lock = threading.Lock()
+        self._log: list[WatchEvent] = []
+        self._limit = log_limit
+        self._slack = max(1, log_limit // 8)
+        self._compacted = 0
+        self._seq = 0
+        self._pinned: tuple[list[dict], int] | None = None
+
+    # ------------------------------------------------------------------ writes (reflectors)
+    def apply(self, watch: str, type_: str, obj: dict) -> None:
+        """Apply one watch event of watch ``watch`` (rules in the module docstring)."""
+        with self._lock:
+            self._apply(self.specs[watch], type_, obj)
+
+    def replace(self, watch: str, items: list[dict]) -> int:
+        """A fresh list of watch ``watch``: emit the differences (client-go's Replace). Returns how
+        many changes were emitted."""
+        spec = self.specs[watch]
+        with self._lock:
+            before = self._seq
+            old = self._members[watch]
+            new = {}
+            for obj in items:
+                k = _key(obj, spec.kind)
+                if k is not None:
+                    new[k] = obj
+            for k, obj in new.items():
+                prev = old.get(k)
+                if prev is None:
+                    self._apply(spec, ADDED, obj)
+                elif _rv(prev) != _rv(obj):
+                    self._apply(spec, MODIFIED, obj)
+            for k in [k for k in old if k not in new]:
+                self._apply(spec, DELETED, old[k])
+            return self._seq - before
+
+    def _apply(self, spec: WatchSpec, type_: str, obj: dict) -> None:
+        k = _key(obj, spec.kind)
+        if k is None:
+            return
+        mine = self._members[spec.name]
+        if spec.role == UNBOUND:
+            bound = self._members[BOUND_WATCH]
+            if type_ == DELETED:
+                was = mine.pop(k, None)
+                if was is None or k in bound:
+                    return  # selector exit of a pod now bound, or already gone
+            elif k in bound:
+                return  # an older, unbound state arriving after the bound one
+            else:
+                mine[k] = obj
+        elif type_ == DELETED:
+            mine.pop(k, None)
+        else:
+            mine[k] = obj
+            if spec.role == BOUND:
+                for name in self._unbound:
+                    self._members[name].pop(k, None)
+        if spec.kind == POD:
+            meta = obj.get("metadata") or {}
+            name_key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            if type_ == DELETED:
+                if (self._by_name.get(name_key) or {}).get("metadata", {}).get("uid") == meta.get("uid"):
+                    self._by_name.pop(name_key, None)
+            else:
+                self._by_name[name_key] = obj
+        self._seq += 1
+        self._log.append(WatchEvent(type_, spec.kind, obj, self._seq))
+        if len(self._log) > self._limit + self._slack:
+            drop = len(self._log) - self._limit
+            self._compacted = self._log[drop - 1].rv
+            del self._log[:drop]
+
+    # ------------------------------------------------------------------ reads (the protocol)
+    def _pods(self) -> list[dict]:
+        merged: dict[str, dict] = {}
+        for name in self._unbound:
+            merged.update(self._members[name])
+        merged.update(self._members[BOUND_WATCH])
+        return list(merged.values())
+
+    def list_nodes(self) -> tuple[list[dict], int]:
+        """All nodes and the sequence number to call `since` with. Pins the pods of the same moment
+        for the next `list_pods`, so a relist that reads nodes then pods sees one point in time."""
+        with self._lock:
+            self._pinned = (self._pods(), self._seq)
+            return list(self._members["nodes"].values()), self._seq
+
+    def list_pods(self) -> tuple[list[dict], int]:
+        """Every pod we know (our pending pods, and the non-terminal bound pods of anyone) and the
+        sequence number; the snapshot pinned by `list_nodes` when there is one."""
+        with self._lock:
+            pinned, self._pinned = self._pinned, None
+            return pinned if pinned is not None else (self._pods(), self._seq)
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        """The latest state of a pod we watch, or None."""
+        with self._lock:
+            return self._by_name.get(f"{namespace}/{name}")
+
+    def since(self, rv: int | str, kinds: Iterable[str] | None = None,
+              limit: int | None = None) -> tuple[list[WatchEvent], int]:
+        """Changes after sequence number ``rv``, oldest first (the simulated cluster's
+        ``events_since`` contract).
+
+        Returns: (events, new_rv). Raises: `Gone` (``rv`` compacted away, or from another
+        instance: list again), `Invalid` (``rv`` not an integer, ``limit`` < 1).
+        """
+        try:
+            rv = int(rv)
+        except (TypeError, ValueError):
+            raise Invalid(f"resourceVersion: {rv!r} is not a valid resource version") from None
+        if limit is not None and limit < 1:
+            raise Invalid(f"limit: {limit} must be >= 1")
+        with self._lock:
+            if rv < self._compacted:
+                raise Gone(f"too old resource version: {rv} (oldest available: {self._compacted})")
+            if rv > self._seq:
+                raise Gone(f"resource version {rv} is newer than this informer's ({self._seq})")
+            tail = self._log[rv - self._compacted:]
+            if kinds is not None:
+                wanted = frozenset(kinds)
+                tail = [ev for ev in tail if ev.kind in wanted]
+            if limit is not None and len(tail) > limit:
+                return tail[:limit], tail[limit - 1].rv
+            return tail, self._seq
+
+    def counts(self) -> dict[str, int]:
+        """Objects per watch (for health and metrics)."""
+        with self._lock:
+            return {name: len(m) for name, m in self._members.items()}
+
+
+class Backoff:
+    """Exponential backoff with jitter: ``base_s`` doubling to ``cap_s``, times uniform(0.8, 1.2)."""
+
+    def __init__(self, base_s: float = 0.2, cap_s: float = 30.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0
+
+    def next_s(self) -> float:
+        delay = min(self.cap_s, self.base_s * 2 ** self.failures)
+        self.failures += 1
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class ReflectorStats:
+    """Counters of one reflector (plain, for health and metrics)."""
+
+    synced: bool = False
+    lists: int = 0
+    relists: int = 0
+    watches: int = 0
+    events: int = 0
+    garbage: int = 0
+    errors: int = 0
+    last_error: str = ""
+    last_error_permanent: bool = False
+    rv: str = ""
+    history: list[str] = field(default_factory=list)  # last few error lines, newest last
+
+
+class Reflector:
+    """List, then watch from the list's resourceVersion, for one `WatchSpec` (client-go's
+    Reflector): relist on 410 Gone, reconnect with backoff on connection loss or errors (resuming
+    from the last resourceVersion seen, bookmarks included), log garbage and go on.
+
+    Args:
+        api: the connection. store: where objects go. spec: what to watch.
+        watch_timeout_s: server-side ``timeoutSeconds`` of one watch call (randomized up to 2x, as
+            client-go does, so that many clients do not reconnect in step).
+        page_size: list page size (``limit``/``continue``); 0 = unpaged.
+        read_slack_s: client read timeout = watch timeout + this (a dead connection is noticed).
+    """
+
+    def __init__(self, api: Api, store: Store, spec: WatchSpec, watch_timeout_s: float = 300.0,
+                 page_size: int = 500, read_slack_s: float = 30.0) -> None:
+        self.api = api
+        self.store = store
+        self.spec = spec
+        self.watch_timeout_s = watch_timeout_s
+        self.page_size = page_size
+        self.read_slack_s = read_slack_s
+        self.stats = ReflectorStats()
+        self.rv: str | None = None
+        self._stop = threading.Event()
+        self._resp = None
+        self._thread: threading.Thread | None = None
+
+    def _query(self) -> list[tuple[str, str]]:
+        return [("fieldSelector", self.spec.field_selector)] if self.spec.field_selector else []
+
+    def list(self) -> str:
+        """List everything (paged) into the store; returns the list's resourceVersion.
+
+        Raises: the typed errors of `Api.request`; `Garbage` for a list without items or
+        resourceVersion.
+        """
+        items: list[dict] = []
+        cont = ""
+        while True:
+            query = self._query()
+            if self.page_size:
+                query.append(("limit", str(self.page_size)))
+            if cont:
+                query.append(("continue", cont))
+            try:
+                page = self.api.request("GET", self.spec.path, verb="list", resource=self.spec.resource, query=query)
+            except Gone:
+                if not cont:
+                    raise
+                log.info("%s: list continuation expired; listing again from the start", self.spec.name)
+                items, cont = [], ""
+                continue
+            if not isinstance(page, dict) or not isinstance(page.get("items", []), list):
+                raise Garbage(f"list {self.spec.resource}: the answer is not a list: {str(page)[:120]}")
+            meta = page.get("metadata") or {}
+            for obj in page.get("items") or []:
+                if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+                    obj.setdefault("kind", self.spec.kind)
+                    obj.setdefault("apiVersion", "v1")
+                    items.append(obj)
+                else:
+                    self.stats.garbage += 1
+            cont = meta.get("continue") or ""
+            if not cont:
+                rv = meta.get("resourceVersion")
+                if not rv:
+                    raise Garbage(f"list {self.spec.resource}: the answer has no metadata.resourceVersion")
+                break
+        self.store.replace(self.spec.name, items)
+        self.stats.lists += 1
+        self.stats.synced = True
+        self.rv = self.stats.rv = str(rv)
+        return self.rv
+
+    def watch_once(self) -> int:
+        """One watch call from `rv` until the server ends it (timeout) or the connection breaks.
+        Returns the number of changes applied.
+
+        Raises: `Gone` (410: relist), `Garbage` (a line that is not a watch event: reconnect), the
+        typed errors of `Api.stream`.
+        """
+        timeout_s = int(self.watch_timeout_s * random.uniform(1.0, 2.0))
+        query = self._query() + [("watch", "true"), ("resourceVersion", self.rv or "0"),
+                                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(max(1, timeout_s)))]
+        resp = self.api.stream(self.spec.path, verb="watch", resource=self.spec.resource, query=query,
+                               timeout_s=(self.api.timeout_s[0], timeout_s + self.read_slack_s))
+        self._resp = resp
+        self.stats.watches += 1
+        applied = 0
+        try:
+            if self._stop.is_set():  # stopped while connecting
+                return 0
+            for line in iter_lines(resp):
+                try:
+                    event = json.loads(line)
+                    type_, obj = event["type"], event["object"]
+                    if not isinstance(obj, dict):
+                        raise TypeError("object is not a mapping")
+                except (ValueError, KeyError, TypeError) as e:
+                    self.stats.garbage += 1
+                    raise Garbage(f"watch {self.spec.resource}: not a watch event ({e}): {line[:120]!r}") from None
+                if type_ == "ERROR":
+                    code = obj.get("code")
+                    raise (Gone(f"watch {self.spec.resource}: {obj.get('message', 'expired')}") if code == 410
+                           else classify(int(code or 500), json.dumps(obj), "watch", self.spec.resource))
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj.get("metadata"), dict) else None
+                if type_ == "BOOKMARK":
+                    if new_rv:
+                        self.rv = self.stats.rv = str(new_rv)
+                    continue
+                if type_ not in _CHANGES or not new_rv:
+                    self.stats.garbage += 1
+                    log.warning("%s: ignoring a watch event without %s: %.120s", self.spec.name,
+                                "a known type" if type_ not in _CHANGES else "metadata.resourceVersion", line)
+                    continue
+                obj.setdefault("kind", self.spec.kind)
+                obj.setdefault("apiVersion", "v1")
+                self.store.apply(self.spec.name, type_, obj)
+                applied += 1
+                self.stats.events += 1
+                self.rv = self.stats.rv = str(new_rv)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            if not self._stop.is_set():
+                log.info("%s: watch connection lost (%s); resuming from resourceVersion %s", self.spec.name,
+                         type(e).__name__, self.rv)
+        finally:
+            self._resp = None
+            try:
+                resp.release_conn()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        return applied
+
+    def run(self) -> None:
+        """The loop (in its own thread): watch, relist on Gone, back off on errors; never dies."""
+        backoff = Backoff()
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                if self.rv is None:
+                    self.list()
+                    self.stats.relists += 1
+                applied = self.watch_once()
+                if applied or time.monotonic() - started > 10:
+                    backoff.reset()
+                    continue
+                delay = backoff.next_s() if time.monotonic() - started < 1 else 0.0
+            except Gone as e:
+                log.info("%s: %s; relisting", self.spec.name, e)
+                self.rv = None
+                continue
+            except (PermanentError, TemporaryError) as e:
+                delay = backoff.next_s()
+                self._record(e, delay)
+            except Exception as e:  # noqa: BLE001 - the informer must never die
+                delay = backoff.next_s()
+                self._record(e, delay)
+            if delay:
+                self._stop.wait(delay)
+
+    def _record(self, e: Exception, delay: float) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(e).__name__}: {e}"
+        self.stats.last_error_permanent = isinstance(e, PermanentError)
+        self.stats.history = (self.stats.history + [self.stats.last_error])[-5:]
+        level = logging.ERROR if isinstance(e, PermanentError) else logging.WARNING
+        log.log(level, "%s: %s; retrying in %.1f s", self.spec.name, self.stats.last_error, delay)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.spec.name}", daemon=True)
+        self._thread.start()
+
+    def cut(self) -> None:
+        """Break the current watch connection (it resumes from the last resourceVersion)."""
+        resp = self._resp
+        if resp is None:
+            return
+        try:
+            sock = getattr(getattr(resp, "connection", None), "sock", None)
+            if sock is not None:
+                import socket
+
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.cut()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

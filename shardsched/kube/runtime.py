@@ -1,0 +1,256 @@
+"""Builds the coordinator and the shards for a real cluster (what ``shardsched serve`` runs).
+
+Two ways to run them, same classes as the embedded run:
+
+- ``ray`` (default): the coordinator and each shard are Ray actors (``shardsched.sharding.actors``,
+  the coordinator host extended here with the backend's health and metrics). Each process gets its
+  own copy of the `KubeCluster` (it pickles as its connection settings): the coordinator's copy
+  runs the informers and writes Events and conditions; each shard's copy binds, with 1/shards of
+  the binding rate budget.
+- ``threads``: everything in this process, the shards' loops in threads, one `KubeCluster` for all
+  (no Ray: for small clusters, tests, and machines where Ray cannot run).
+
+The Redis ledger's keys get a prefix unique to this run (``ss:<lease>:<random>:``): a new leader
+starts from the cluster's truth (list + watch), not from what a previous leader left in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardsched.config import SchedulerConfiguration
+from shardsched.errors import ShardschedError
+from shardsched.kube.client import ClientSpec
+from shardsched.kube.cluster import KubeCluster
+from shardsched.sharding.shard import ShardOptions
+from shardsched.store.server import EmbeddedRedis
+
+log = logging.getLogger(__name__)
+
+RAY, THREADS = "ray", "threads"
+
+
+@dataclass
+class RuntimeOptions:
+    """What `KubeRuntime` runs (``shardsched serve --help`` explains each).
+
+    Attributes:
+        mode: RAY or THREADS.
+        shard_num_cpus: CPUs each shard actor declares (RAY): 0 packs them anywhere; 1 lets Ray's
+            autoscaler add workers as shards are added.
+        watch_timeout_s: server-side timeout of one watch call.
+        prefix: Redis key prefix; None = a fresh ``ss:<random>:``.
+    """
+
+    shards: int = 2
+    shard_options: ShardOptions = field(default_factory=ShardOptions)
+    redis_url: str | None = None
+    ray_address: str | None = None
+    mode: str = RAY
+    watch_timeout_s: float = 300.0
+    prefix: str | None = None
+    shard_num_cpus: float = 0.0
+
+
+class _CoordinatorRef:
+    """`Rebalancer` for in-process shards: hands pods to the coordinator once it exists."""
+
+    def __init__(self) -> None:
+        self.coordinator = None
+
+    def handoff(self, shard: int, items) -> None:
+        self.coordinator.handoff(shard, items)
+
+
+class KubeRuntime:
+    """Redis (embedded unless ``redis_url``), then the coordinator and shards (module docstring).
+
+    Args:
+        config: the scheduler configuration (its profiles' schedulerNames are the pods served).
+        spec: how to reach the API server.
+        options: see `RuntimeOptions`.
+        cluster: THREADS mode only: a backend object to use instead of a new `KubeCluster` (any
+            object with the cluster protocol and ``bind_many``, e.g. a `SimCluster`: the tests run
+            the same scenarios on both backends this way).
+    """
+
+    def __init__(self, config: SchedulerConfiguration, spec: ClientSpec | None, options: RuntimeOptions,
+                 cluster: Any = None) -> None:
+        self.config = config
+        self.spec = spec
+        self.options = options
+        self.names = [p.scheduler_name for p in config.profiles]
+        self.redis: EmbeddedRedis | None = None
+        self.redis_url = options.redis_url
+        self.prefix = options.prefix or f"ss:{uuid.uuid4().hex[:8]}:"
+        self.cluster = cluster  # THREADS: the shared backend
+        self.coordinator: Any = None  # THREADS: Coordinator; RAY: actor handle
+        self.shards: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self.started = False
+
+    def _start_redis(self) -> None:
+        if self.redis_url:
+            return
+        self.redis = EmbeddedRedis()
+        self.redis.start()
+        self.redis_url = self.redis.url
+
+    def start(self) -> None:
+        """Start everything; the informers' first lists happen here (the caches are synced when it
+        returns).
+
+        Raises: `PermanentError` (kubeconfig, RBAC) or `TemporaryError` (API unreachable) from the
+        first lists; `ShardschedError` when Redis or Ray cannot start. Safe to call again after it
+        raised (what started is reused).
+        """
+        self._start_redis()
+        if self.options.mode == THREADS:
+            self._start_threads()
+        else:
+            self._start_ray()
+        self.started = True
+
+    def _start_threads(self) -> None:
+        from shardsched.sharding.coordinator import Coordinator
+        from shardsched.sharding.remote import Remote
+        from shardsched.sharding.shard import Shard
+        from shardsched.store.ledger import Ledger
+        from shardsched.store.server import connect
+
+        if self.cluster is None:
+            self.cluster = KubeCluster(self.spec, self.names, watch_timeout_s=self.options.watch_timeout_s)
+        if isinstance(self.cluster, KubeCluster):
+            self.cluster.start()
+        ref = _CoordinatorRef()
+
+        def factory(index: int, member: str) -> Remote:
+            shard = Shard(index, member, self.config, Ledger(connect(self.redis_url), self.prefix), self.cluster, ref,
+                          self.options.shard_options)
+            t = threading.Thread(target=shard.run_forever, name=f"shard-{index}", daemon=True)
+            t.start()
+            self.shards.append(shard)
+            self._threads.append(t)
+            return Remote(shard)
+
+        coordinator = Coordinator(self.config, Ledger(connect(self.redis_url), self.prefix), Remote(self.cluster),
+                                  factory, self.options.shards)
+        ref.coordinator = coordinator
+        coordinator.start()
+        self.coordinator = coordinator
+        t = threading.Thread(target=coordinator.run_forever, name="coordinator", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _start_ray(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from shardsched.sharding.actors import MAX_CONCURRENCY, CoordinatorHost
+
+        class KubeCoordinatorHost(CoordinatorHost):
+            """The coordinator actor, plus the Kubernetes backend's health and metrics."""
+
+            def cluster_health(self) -> dict:
+                return self.coordinator.cluster.target.health()
+
+            def cluster_metrics(self) -> list:
+                return self.coordinator.cluster.target.metric_samples()
+
+            def coordinator_metrics(self) -> list:
+                return self.coordinator.metrics.samples()
+
+            def stop_cluster(self) -> None:
+                self.coordinator.cluster.target.stop()
+
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.options.ray_address, include_dashboard=False, logging_level=logging.WARNING,
+                         configure_logging=False)
+            except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
+                raise ShardschedError(f"could not start or join Ray ({self.options.ray_address or 'local'}): {e}") from None
+        if self.coordinator is None:
+            cluster = KubeCluster(self.spec, self.names, bind_share=1.0 / self.options.shards,
+                                  watch_timeout_s=self.options.watch_timeout_s)
+            # on this (the head's) node: it declares no CPU, so a worker hosting only it would look idle
+            # to Ray's autoscaler and be removed
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+            self.coordinator = ray.remote(KubeCoordinatorHost).options(
+                max_concurrency=MAX_CONCURRENCY, num_cpus=0, scheduling_strategy=here).remote(
+                self.config, self.redis_url, self.prefix, cluster, self.options.shards, self.options.shard_options,
+                self.options.shard_num_cpus)
+        try:
+            ray.get(self.coordinator.start.remote())
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ShardschedError):
+                raise e.cause from None
+            raise
+
+    # ------------------------------------------------------------------ inspection
+    def status(self) -> dict:
+        """Coordinator status plus the backend's health (``cluster``), as plain dicts."""
+        if not self.started:
+            return {"started": False}
+        if self.options.mode == THREADS:
+            health = self.cluster.health() if isinstance(self.cluster, KubeCluster) else {}
+            return {**self.coordinator.status(), "cluster": health}
+        import ray
+
+        status, health = ray.get([self.coordinator.status.remote(), self.coordinator.cluster_health.remote()], timeout=10)
+        return {**status, "cluster": health}
+
+    def metric_families(self) -> dict[str, list]:
+        """{source label: samples} for `shardsched.metrics.AggregateCollector`: each shard, the
+        coordinator, and the Kubernetes backend."""
+        if not self.started:
+            return {}
+        if self.options.mode == THREADS:
+            out = {str(i): s.metric_samples() for i, s in enumerate(self.shards)}
+            kube = self.cluster.metric_samples() if isinstance(self.cluster, KubeCluster) else []
+            out["coordinator"] = self.coordinator.metrics.samples() + kube
+            return out
+        import ray
+
+        handles = ray.get(self.coordinator.shards.remote(), timeout=5)
+        samples = ray.get([s.metric_samples.remote() for s in handles], timeout=5)
+        out = {str(i): s for i, s in enumerate(samples)}
+        coord, kube = ray.get([self.coordinator.coordinator_metrics.remote(), self.coordinator.cluster_metrics.remote()],
+                              timeout=5)
+        out["coordinator"] = coord + kube
+        return out
+
+    def stop(self) -> None:
+        """Stop the coordinator and shards (binds in flight finish), flush Events and conditions, stop
+        Redis if embedded. Safe to call more than once."""
+        try:
+            if self.options.mode == THREADS:
+                if self.coordinator is not None:
+                    self.coordinator.stop()
+                for s in self.shards:
+                    s.stop()
+                for t in self._threads:
+                    t.join(timeout=5)
+                if isinstance(self.cluster, KubeCluster):
+                    self.cluster.stop()
+            elif self.coordinator is not None:
+                import ray
+
+                try:
+                    handles = ray.get(self.coordinator.shards.remote(), timeout=5)
+                    ray.get(self.coordinator.stop.remote(), timeout=15)
+                    ray.get(self.coordinator.stop_cluster.remote(), timeout=10)
+                    for h in handles + [self.coordinator]:
+                        ray.kill(h, no_restart=True)
+                except Exception:  # noqa: BLE001 - stopping: a dead actor is fine
+                    pass
+                if not self.options.ray_address:
+                    ray.shutdown()
+        finally:
+            self.coordinator = None
+            if self.redis is not None:
+                self.redis.stop()
+                self.redis = None

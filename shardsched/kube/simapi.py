@@ -1,0 +1,522 @@
+"""The simulated cluster served over a subset of the Kubernetes REST API, on 127.0.0.1.
+
+`SimApiServer` puts a `SimCluster` behind the endpoints shardsched's Kubernetes backend uses, with
+the API server's wire behaviour, so that `serve` and `KubeCluster` run end to end without a real
+cluster (demos, ``serve --bench`` against it, and the tests' HTTP peer). Standard library only
+(``http.server``); HTTP/1.1 with keep-alive, chunked watch streams.
+
+Served (JSON only):
+
+- ``GET /version``; ``GET /apis/events.k8s.io/v1`` (discovery; 404 with ``events_api=False``);
+- nodes and pods: list (``fieldSelector`` on ``spec.nodeName``, ``spec.schedulerName``,
+  ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``; ``limit`` and
+  ``continue`` paging) and watch (``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``;
+  an object that stops matching the selector is sent as DELETED with its previous state, as kube's
+  cacher does; a resourceVersion older than `SimApiServer.compact` answers an ERROR event with
+  code 410); get, create and delete of pods;
+- ``POST .../pods/{name}/binding`` and ``POST .../bindings``: 201 with a ``Status`` body (as the real
+  server, which the official client cannot deserialize), 404, 409;
+- ``PATCH .../pods/{name}/status`` (strategic merge of ``status.conditions`` by type);
+- Events: create and merge-patch in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
+  and recorded in the simulated cluster too);
+- Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
+  ``metadata.resourceVersion``);
+- ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``.
+
+Test controls: ``token`` (requests without ``Authorization: Bearer <token>`` answer 401), `deny`
+(RBAC: 403 for a verb on a resource), `fail` (the next N matching requests answer a status, a
+garbage body, or a dropped connection), `cut_watches` (close every open watch), `compact` (watches
+from before now answer 410).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
+
+from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, SimCluster
+from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
+
+_PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
+_BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
+_NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$")
+_EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
+_LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def status_body(code: int, reason: str, message: str) -> dict:
+    """A ``metav1.Status`` as the API server sends it."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success" if code < 300 else "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class Selector:
+    """A field selector: ``a=b,c!=d`` over dotted paths of the object."""
+
+    def __init__(self, text: str) -> None:
+        self.terms: list[tuple[str, bool, str]] = []
+        for part in filter(None, (text or "").split(",")):
+            neg = "!=" in part
+            key, value = re.split(r"!=|==|=", part, maxsplit=1)
+            self.terms.append((key.strip(), neg, value.strip()))
+
+    def matches(self, obj: dict) -> bool:
+        for key, neg, value in self.terms:
+            cur: Any = obj
+            for p in key.split("."):
+                cur = cur.get(p) if isinstance(cur, dict) else None
+            if ((cur or "") == value) == neg:
+                return False
+        return True
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: re.Pattern
+    query: str
+    status: int
+    action: str  # "status" | "garbage" | "drop"
+    times: int
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self.server.owner.handle(self)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def read_body(self) -> None:
+        """Read the request body (always, so a keep-alive connection stays in step)."""
+        n = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(n) if n else b""
+
+    def body(self) -> Any:
+        return json.loads(self._raw) if self._raw else None
+
+    def reply(self, code: int, data: Any, raw: bytes | None = None) -> None:
+        payload = raw if raw is not None else json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256  # many concurrent clients (binds from a pool) must not be reset
+    owner: "SimApiServer"
+
+
+class SimApiServer:
+    """See the module docstring.
+
+    Args:
+        sim: the cluster served (a new empty `SimCluster` by default).
+        token: bearer token required from clients (None = no authentication).
+        events_api: serve ``events.k8s.io/v1`` (False = only core/v1 Events, as very old servers).
+        bookmark_s: bookmark period of watches that allow them.
+    """
+
+    def __init__(self, sim: SimCluster | None = None, token: str | None = None, events_api: bool = True,
+                 bookmark_s: float = 1.0, port: int = 0) -> None:
+        self.sim = sim or SimCluster()
+        self.token = token
+        self.events_api = events_api
+        self.bookmark_s = bookmark_s
+        self.events: dict[tuple[str, str], dict] = {}  # (namespace, event name) -> Event
+        self.leases: dict[tuple[str, str], dict] = {}
+        self.requests: list[tuple[str, str]] = []  # (method, path) served, for tests
+        self._lease_rv = 0
+        self._faults: list[_Fault] = []
+        self._denied: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._objects: dict[tuple[str, str], dict] = {}
+        self._history: list[tuple[int, str, str, dict, dict | None]] = []  # (rv, type, kind, obj, prev)
+        nodes, _ = self.sim.list_nodes()
+        pods, self._rv = self.sim.list_pods()
+        for n in nodes:
+            self._objects[(NODE, n["metadata"]["name"])] = n
+        for p in pods:
+            self._objects[(POD, f"{p['metadata']['namespace']}/{p['metadata']['name']}")] = p
+        self._compacted = self._rv
+        self._watches: set[socket.socket] = set()
+        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.owner = self
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "SimApiServer":
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="simapi", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.cut_watches()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "SimApiServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_kubeconfig(self, path: str, token: str | None = None) -> str:
+        """Write a kubeconfig pointing at this server (with ``token``, default the server's)."""
+        user = {"token": token or self.token} if (token or self.token) else {}
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "sim",
+               "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+               "users": [{"name": "sim", "user": user}],
+               "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}]}
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    # ------------------------------------------------------------------ test controls
+    def deny(self, verb: str, resource: str) -> None:
+        """RBAC: answer 403 to ``verb`` on ``resource`` (``pods``, ``pods/binding``, ``events``, ...)."""
+        self._denied.add((verb, resource))
+
+    def allow(self, verb: str, resource: str) -> None:
+        self._denied.discard((verb, resource))
+
+    def fail(self, method: str, path_regex: str, status: int = 500, times: int = 1, action: str = "status",
+             query: str = "") -> None:
+        """The next ``times`` requests ``method path`` (regex, full match; ``query`` a substring of the
+        query string) answer ``status`` with a Status body (``action="status"``), 200 with a body that
+        is not JSON (``"garbage"``), or have their connection closed unanswered (``"drop"``)."""
+        with self._lock:
+            self._faults.append(_Fault(method, re.compile(path_regex), query, status, action, times))
+
+    def cut_watches(self) -> None:
+        """Close every open watch connection (clients resume from their last resourceVersion)."""
+        with self._lock:
+            socks, self._watches = list(self._watches), set()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def compact(self) -> None:
+        """Forget the watch history: a watch from a resourceVersion before now answers 410 Gone."""
+        with self._sync_lock:
+            self._sync()
+            self._compacted = self._rv
+            self._history.clear()
+
+    def events_for(self, namespace: str, name: str) -> list[dict]:
+        """Events (either API) about ``namespace/name``, oldest first."""
+        out = []
+        for (ns, _), ev in sorted(self.events.items(), key=lambda kv: kv[1]["metadata"]["creationTimestamp"]):
+            ref = ev.get("regarding") or ev.get("involvedObject") or {}
+            if ns == namespace and ref.get("name") == name:
+                out.append(ev)
+        return out
+
+    # ------------------------------------------------------------------ the mirror of the sim's watch
+    def _sync(self) -> None:
+        """Pull the sim's new events into the history with each object's previous state."""
+        events, rv = self.sim.events_since(self._rv)
+        for ev in events:
+            key = ev.object["metadata"]["name"] if ev.kind == NODE else \
+                f"{ev.object['metadata']['namespace']}/{ev.object['metadata']['name']}"
+            prev = self._objects.get((ev.kind, key))
+            if ev.type == DELETED:
+                self._objects.pop((ev.kind, key), None)
+            else:
+                self._objects[(ev.kind, key)] = ev.object
+            self._history.append((ev.rv, ev.type, ev.kind, ev.object, prev))
+        self._rv = rv
+
+    def _snapshot(self, kind: str) -> tuple[list[dict], int]:
+        with self._sync_lock:
+            self._sync()
+            return [o for (k, _), o in self._objects.items() if k == kind], self._rv
+
+    def _after(self, rv: int) -> tuple[list[tuple], int] | None:
+        with self._sync_lock:
+            self._sync()
+            if rv < self._compacted:
+                return None
+            return [h for h in self._history if h[0] > rv], self._rv
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, h: _Handler) -> None:
+        url = urlsplit(h.path)
+        path, query = url.path, parse_qs(url.query)
+        q = {k: v[-1] for k, v in query.items()}
+        self.requests.append((h.command, path))
+        h.read_body()
+        try:
+            if self.token and h.headers.get("Authorization") != f"Bearer {self.token}":
+                return h.reply(401, status_body(401, "Unauthorized", "Unauthorized"))
+            if self._inject(h, path, url.query):
+                return
+            verb, resource = self._verb_resource(h.command, path, q)
+            if (verb, resource) in self._denied:
+                return h.reply(403, status_body(403, "Forbidden", f'{resource} is forbidden: User "sim" cannot {verb} '
+                                                                  f'resource "{resource}"'))
+            self._route(h, path, q, verb)
+        except ApiError as e:
+            h.reply(e.code, status_body(e.code, e.reason, str(e)))
+        except (ConnectionError, BrokenPipeError):
+            pass
+        except Exception as e:  # noqa: BLE001 - answer 500 like a server would
+            try:
+                h.reply(500, status_body(500, "InternalError", f"{type(e).__name__}: {e}"))
+            except OSError:
+                pass
+
+    def _inject(self, h: _Handler, path: str, query: str) -> bool:
+        with self._lock:
+            fault = next((f for f in self._faults if f.method == h.command and f.path.fullmatch(path)
+                          and f.query in query and f.times > 0), None)
+            if fault is None:
+                return False
+            fault.times -= 1
+        if fault.action == "garbage":
+            h.reply(200, None, raw=b"<html><body>502 Bad Gateway (garbage from a proxy)</body></html>")
+        elif fault.action == "drop":
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+        else:
+            h.reply(fault.status, status_body(fault.status, "Injected", f"injected {fault.status}"))
+        return True
+
+    @staticmethod
+    def _verb_resource(method: str, path: str, q: dict) -> tuple[str, str]:
+        """RBAC's view of a request: (verb, resource[/subresource])."""
+        resource, named = path, False
+        for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
+                         (_LEASES, "leases")):
+            m = rx.match(path)
+            if m:
+                sub = m.groupdict().get("sub")
+                resource = f"{base}/{sub}" if sub else base
+                named = bool(m.groupdict().get("name"))
+                break
+        if method == "GET":
+            return ("get" if named else "watch" if q.get("watch") in ("true", "1") else "list"), resource
+        return _VERBS.get(method, method.lower()), resource
+
+    def _route(self, h: _Handler, path: str, q: dict, verb: str) -> None:
+        if path == "/version":
+            return h.reply(200, {"major": "1", "minor": "99", "gitVersion": "v1.99.0-shardsched-sim"})
+        if path == "/apis/events.k8s.io/v1":
+            if not self.events_api:
+                raise NotFound("the server could not find the requested resource")
+            return h.reply(200, {"kind": "APIResourceList", "groupVersion": "events.k8s.io/v1",
+                                 "resources": [{"name": "events", "namespaced": True, "kind": "Event"}]})
+        if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+            review = h.body() or {}
+            attrs = (review.get("spec") or {}).get("resourceAttributes") or {}
+            resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+            allowed = (attrs.get("verb"), resource) not in self._denied
+            return h.reply(201, {**review, "status": {"allowed": allowed}})
+        m = _NODES.match(path)
+        if m:
+            if h.command == "POST":
+                return h.reply(201, self.sim.create_node(h.body() or {}))
+            if m["name"] and h.command == "DELETE":
+                return h.reply(200, self.sim.delete_node(m["name"]))
+            if m["name"]:
+                return h.reply(200, self.sim.get_node(m["name"]))
+            return self._list_or_watch(h, NODE, q)
+        m = _BINDINGS.match(path)
+        if m:
+            return self._bind(h, m["ns"], None)
+        m = _PODS.match(path)
+        if m:
+            return self._pods(h, m["ns"], m["name"], m["sub"], q, verb)
+        m = _EVENTS.match(path)
+        if m:
+            return self._events(h, path, m["ns"], m["name"])
+        m = _LEASES.match(path)
+        if m:
+            return self._leases(h, m["ns"], m["name"])
+        raise NotFound("the server could not find the requested resource")
+
+    # ------------------------------------------------------------------ resources
+    def _pods(self, h: _Handler, ns: str | None, name: str | None, sub: str | None, q: dict, verb: str) -> None:
+        if name is None:
+            if h.command == "POST":
+                body = h.body() or {}
+                body.setdefault("metadata", {})["namespace"] = ns
+                return h.reply(201, self.sim.create_pod(body))
+            return self._list_or_watch(h, POD, q, ns)
+        if sub == "binding":
+            return self._bind(h, ns, name)
+        if sub == "status" and h.command == "PATCH":
+            body = h.body() or {}
+            for cond in (body.get("status") or {}).get("conditions") or []:
+                self.sim.set_pod_condition(ns, name, cond)
+            return h.reply(200, self.sim.get_pod(ns, name))
+        if h.command == "DELETE":
+            return h.reply(200, self.sim.delete_pod(ns, name))
+        return h.reply(200, self.sim.get_pod(ns, name))
+
+    def _bind(self, h: _Handler, ns: str, name: str | None) -> None:
+        body = h.body() or {}
+        meta = body.get("metadata") or {}
+        target = (body.get("target") or {}).get("name") or ""
+        result = self.sim.bind_many([(ns, name or meta.get("name"), target, meta.get("uid") or None)])[0]
+        if result.ok:
+            return h.reply(201, status_body(201, "", ""))
+        h.reply(result.code, status_body(result.code, result.reason, result.message))
+
+    def _list_or_watch(self, h: _Handler, kind: str, q: dict, ns: str | None = None) -> None:
+        sel = Selector(q.get("fieldSelector", ""))
+        in_ns = (lambda o: o["metadata"].get("namespace") == ns) if ns else (lambda o: True)
+        if q.get("watch") in ("true", "1"):
+            return self._watch(h, kind, sel, in_ns, q)
+        objs, rv = self._snapshot(kind)
+        items = sorted((o for o in objs if sel.matches(o) and in_ns(o)),
+                       key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        start = int(q.get("continue") or 0)
+        limit = int(q.get("limit") or 0)
+        page = items[start:start + limit] if limit else items[start:]
+        meta: dict = {"resourceVersion": str(rv)}
+        if limit and start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        h.reply(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": page})
+
+    def _watch(self, h: _Handler, kind: str, sel: Selector, in_ns: Callable[[dict], bool], q: dict) -> None:
+        rv = int(q.get("resourceVersion") or self._snapshot(kind)[1])
+        timeout_s = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        with self._lock:
+            self._watches.add(h.connection)
+
+        def send(event: dict) -> None:
+            data = json.dumps(event).encode() + b"\n"
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            h.wfile.flush()
+
+        deadline = time.monotonic() + timeout_s
+        last_bookmark = time.monotonic()
+        try:
+            while time.monotonic() < deadline:
+                got = self._after(rv)
+                if got is None:
+                    send({"type": "ERROR", "object": status_body(410, "Expired", f"too old resource version: {rv}")})
+                    break
+                entries, now_rv = got
+                for ev_rv, typ, k, obj, prev in entries:
+                    if k != kind:
+                        continue
+                    out = self._convert(typ, obj, prev, sel, in_ns, ev_rv)
+                    if out is not None:
+                        send({"type": out[0], "object": out[1]})
+                rv = now_rv
+                if bookmarks and time.monotonic() - last_bookmark >= self.bookmark_s:
+                    send({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": "v1",
+                                                         "metadata": {"resourceVersion": str(rv)}}})
+                    last_bookmark = time.monotonic()
+                time.sleep(0.01)
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except OSError:
+            h.close_connection = True
+        finally:
+            with self._lock:
+                self._watches.discard(h.connection)
+
+    @staticmethod
+    def _convert(typ: str, obj: dict, prev: dict | None, sel: Selector, in_ns: Callable[[dict], bool],
+                 ev_rv: int) -> tuple[str, dict] | None:
+        """kube's cacher: an object entering the selector is ADDED, leaving it is DELETED (with the
+        previous state at this resourceVersion)."""
+        ok = lambda o: o is not None and sel.matches(o) and in_ns(o)  # noqa: E731
+        if typ == DELETED:
+            return (DELETED, obj) if ok(obj) else None
+        if ok(obj):
+            return (MODIFIED if typ == MODIFIED and ok(prev) else ADDED), obj
+        if ok(prev):
+            gone = {**prev, "metadata": {**prev["metadata"], "resourceVersion": str(ev_rv)}}
+            return DELETED, gone
+        return None
+
+    def _events(self, h: _Handler, path: str, ns: str, name: str | None) -> None:
+        new_api = path.startswith("/apis/")
+        if new_api and not self.events_api:
+            raise NotFound("the server could not find the requested resource")
+        if h.command == "GET" and name is None:
+            return h.reply(200, {"kind": "EventList", "items": [e for (n, _), e in self.events.items() if n == ns]})
+        if h.command == "POST":
+            ev = h.body() or {}
+            ev_name = ev["metadata"]["name"]
+            with self._lock:
+                if (ns, ev_name) in self.events:
+                    raise AlreadyExists(f'events "{ev_name}" already exists')
+                ev["metadata"].update(namespace=ns, creationTimestamp=time.time(), resourceVersion="1")
+                self.events[(ns, ev_name)] = ev
+            ref = ev.get("regarding") or ev.get("involvedObject") or {}
+            self.sim.record_event(ref, ev.get("type", "Normal"), ev.get("reason", ""),
+                                  ev.get("note") if new_api else ev.get("message", ""))
+            return h.reply(201, ev)
+        with self._lock:
+            ev = self.events.get((ns, name))
+            if ev is None:
+                raise NotFound(f'events "{name}" not found')
+            if h.command == "PATCH":
+                patch = h.body() or {}
+                for k, v in patch.items():
+                    ev[k] = {**(ev.get(k) or {}), **v} if isinstance(v, dict) else v
+        if h.command == "PATCH":
+            ref = ev.get("regarding") or ev.get("involvedObject") or {}
+            self.sim.record_event(ref, ev.get("type", "Normal"), ev.get("reason", ""),
+                                  ev.get("note") if new_api else ev.get("message", ""))
+        h.reply(200, ev)
+
+    def _leases(self, h: _Handler, ns: str, name: str | None) -> None:
+        with self._lock:
+            if h.command == "POST":
+                body = h.body() or {}
+                name = body["metadata"]["name"]
+                if (ns, name) in self.leases:
+                    raise AlreadyExists(f'leases.coordination.k8s.io "{name}" already exists')
+            elif (ns, name) not in self.leases:
+                raise NotFound(f'leases.coordination.k8s.io "{name}" not found')
+            if h.command == "GET":
+                return h.reply(200, self.leases[(ns, name)])
+            body = h.body() or {}
+            if h.command == "PUT":
+                have = self.leases[(ns, name)]["metadata"]["resourceVersion"]
+                if body.get("metadata", {}).get("resourceVersion") not in (None, have):
+                    raise Conflict(f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                                      "the object has been modified; please apply your changes to the latest version")
+            self._lease_rv += 1
+            body.setdefault("metadata", {}).update(name=name, namespace=ns, resourceVersion=str(self._lease_rv))
+            body.setdefault("apiVersion", "coordination.k8s.io/v1")
+            body.setdefault("kind", "Lease")
+            self.leases[(ns, name)] = body
+            return h.reply(201 if h.command == "POST" else 200, body)
+

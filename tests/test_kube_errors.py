@@ -1,0 +1,219 @@
+"""Error paths of the Kubernetes backend against an HTTP peer on 127.0.0.1 (`SimApiServer`, standard
+library ``http.server``) that answers 401, 403, 429, 500, 504, garbage, dropped connections and
+410, as a real API server (or a proxy in front of it) can."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from shardsched.errors import PermanentError, TemporaryError
+from shardsched.kube.client import Api, ClientSpec, Forbidden, Garbage, Unauthorized, Unreachable
+from shardsched.kube.cluster import KubeCluster
+from shardsched.kube.simapi import SimApiServer
+from shardsched.sim.cluster import SimCluster
+from shardsched.sim.errors import ServerError
+
+from builders import node, pod
+
+SCHED = "shardsched-test"
+
+
+@pytest.fixture
+def server():
+    sim = SimCluster()
+    sim.create_nodes([node("n0"), node("n1")])
+    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex, bookmark_s=0.2) as srv:
+        yield srv
+
+
+@pytest.fixture
+def spec(server, tmp_path):
+    return ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")), qps=0, request_timeout_s=5)
+
+
+@pytest.fixture
+def cluster(spec):
+    kc = KubeCluster(spec, [SCHED], watch_timeout_s=5)
+    yield kc
+    kc.stop()
+
+
+def pending(sim: SimCluster, name: str) -> dict:
+    p = pod(name, cpu="100m")
+    p["metadata"].pop("uid")
+    p["spec"]["schedulerName"] = SCHED
+    return sim.create_pod(p)
+
+
+def wait_for(check, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_rbac_denied_list_is_a_clear_permanent_error(server, cluster):
+    server.deny("list", "nodes")
+    with pytest.raises(Forbidden) as e:
+        cluster.list_nodes()
+    assert isinstance(e.value, PermanentError)
+    assert "RBAC denied: cannot list nodes" in str(e.value)
+    server.allow("list", "nodes")
+    nodes, _ = cluster.list_nodes()  # the same object recovers once RBAC is fixed
+    assert len(nodes) == 2
+
+
+def test_missing_permissions_are_listed_by_name(server, cluster):
+    server.deny("create", "pods/binding")
+    server.deny("update", "leases")
+    assert cluster.missing_permissions("kube-system") == ["create pods/binding",
+                                                         "update coordination.k8s.io/leases in namespace kube-system"]
+
+
+def test_wrong_token_is_unauthorized(server, tmp_path):
+    kc = KubeCluster(ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "bad"), token="wrong")), [SCHED])
+    with pytest.raises(Unauthorized):
+        kc.list_pods()
+
+
+def test_unreachable_server_is_temporary(tmp_path):
+    srv = SimApiServer().start()
+    path = srv.write_kubeconfig(str(tmp_path / "kc"))
+    srv.stop()
+    with pytest.raises(Unreachable) as e:
+        KubeCluster(ClientSpec(kubeconfig=path, connect_timeout_s=1), [SCHED]).list_nodes()
+    assert isinstance(e.value, TemporaryError)
+
+
+@pytest.mark.parametrize("action,status,error", [
+    ("status", 500, ServerError), ("status", 429, ServerError), ("garbage", 200, Garbage),
+], ids=["500", "429", "garbage"])
+def test_list_failures_are_temporary_and_retried(server, cluster, action, status, error):
+    server.fail("GET", "/api/v1/nodes", status=status, action=action)
+    with pytest.raises(error):
+        cluster.list_nodes()
+    assert len(cluster.list_nodes()[0]) == 2
+
+
+def test_watch_survives_garbage_errors_and_cuts_without_losing_events(server, cluster):
+    sim = server.sim
+    _, rv = cluster.list_pods()
+    server.fail("GET", "/api/v1/pods", action="garbage", query="watch=true", times=1)
+    server.fail("GET", "/api/v1/pods", status=500, query="watch=true", times=1)
+    server.cut_watches()
+    for i in range(5):
+        pending(sim, f"p{i}")
+        if i == 2:
+            server.cut_watches()
+    wait_for(lambda: len(cluster.events_since(rv)[0]) >= 5)
+    names = sorted(e.object["metadata"]["name"] for e in cluster.events_since(rv)[0])
+    assert names == [f"p{i}" for i in range(5)]
+    watches = cluster.health()["watches"]
+    assert all(w["lists"] == 1 for w in watches.values()), "no relist was needed"
+
+
+def test_watch_410_relists_and_reports_the_difference(server, cluster):
+    sim = server.sim
+    p = pending(sim, "early")
+    _, rv = cluster.list_pods()
+    server.fail("GET", "/api/v1/pods", status=500, query="watch=true", times=3)  # hold the reconnects off
+    server.cut_watches()
+    sim.delete_pod("default", "early")
+    pending(sim, "late")
+    server.compact()  # the reconnect from the old resourceVersion gets 410, then relists
+    wait_for(lambda: {(e.type, e.object["metadata"]["name"]) for e in cluster.events_since(rv)[0]}
+             >= {("DELETED", "early"), ("ADDED", "late")})
+    lists = cluster.health()["watches"][f"pods-unbound:{SCHED}"]["lists"]
+    assert lists == 2
+    assert p["metadata"]["uid"] not in {x["metadata"]["uid"] for x in cluster.list_pods()[0]}
+
+
+@pytest.mark.parametrize("status,action,code", [
+    (500, "status", 500), (429, "status", 500), (503, "status", 500), (504, "status", 504),
+    (403, "status", 500), (0, "drop", 500),
+], ids=["500", "429", "503", "504", "403", "dropped"])
+def test_bind_failures_map_to_shard_codes(server, cluster, status, action, code):
+    p = pending(server.sim, "p")
+    server.fail("POST", "/api/v1/namespaces/default/pods/p/binding", status=status, action=action)
+    [r] = cluster.bind_many([("default", "p", "n0", p["metadata"]["uid"])])
+    assert r.code == code
+    if status == 403:
+        assert "RBAC denied: cannot create pods/binding" in r.message
+    # the shard retries with backoff: the next attempt goes through
+    assert [x.code for x in cluster.bind_many([("default", "p", "n0", p["metadata"]["uid"])])] == [201]
+
+
+def test_bind_read_timeout_is_504_maybe_applied(server, tmp_path):
+    spec = ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")), request_timeout_s=0.3)
+    p = pending(server.sim, "slow")
+    real = server.sim.bind_many
+
+    def slow(bindings):
+        out = real(bindings)
+        time.sleep(1.0)
+        return out
+
+    server.sim.bind_many = slow
+    kc = KubeCluster(spec, [SCHED])
+    [r] = kc.bind_many([("default", "slow", "n0", p["metadata"]["uid"])])
+    assert r.code == 504
+    server.sim.bind_many = real
+    wait_for(lambda: server.sim.get_pod("default", "slow")["spec"].get("nodeName") == "n0")  # it was applied
+
+
+def test_uid_precondition_protects_a_recreated_pod(server, cluster):
+    old = pending(server.sim, "again")
+    server.sim.delete_pod("default", "again")
+    pending(server.sim, "again")
+    [r] = cluster.bind_many([("default", "again", "n0", old["metadata"]["uid"])])
+    assert r.code in (404, 409)  # the real API server answers 409, the simulator 404: both release
+
+
+def test_events_fall_back_to_core_v1_when_events_k8s_io_is_not_served(tmp_path):
+    sim = SimCluster()
+    with SimApiServer(sim, events_api=False) as srv:
+        kc = KubeCluster(ClientSpec(kubeconfig=srv.write_kubeconfig(str(tmp_path / "kc")), qps=0), [SCHED])
+        p = pending(sim, "p")
+        ref = {"kind": "Pod", "namespace": "default", "name": "p", "uid": p["metadata"]["uid"]}
+        for _ in range(3):
+            kc.record_event(ref, "Warning", "FailedScheduling", "0/0 nodes are available")
+        assert kc.flush(10)
+        [ev] = srv.events_for("default", "p")
+        assert ev["apiVersion"] == "v1" and ev["count"] == 3 and ev["involvedObject"]["uid"] == p["metadata"]["uid"]
+        kc.stop()
+
+
+def test_repeated_events_become_a_series_and_unchanged_conditions_are_not_rewritten(server, cluster):
+    p = pending(server.sim, "p")
+    cluster.list_pods()
+    ref = {"kind": "Pod", "namespace": "default", "name": "p", "uid": p["metadata"]["uid"]}
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes are available"}
+    for _ in range(3):
+        cluster.record_event(ref, "Warning", "FailedScheduling", cond["message"])
+    cluster.set_pod_condition("default", "p", cond)
+    assert cluster.flush(10)
+    [ev] = server.events_for("default", "p")
+    assert ev["series"]["count"] == 3 and ev["reportingController"] == SCHED and ev["action"] == "Scheduling"
+    wait_for(lambda: any(c.get("type") == "PodScheduled" for c in
+                         (cluster.store.pod("default", "p") or {}).get("status", {}).get("conditions", [])))
+    patches = sum(1 for m, path in server.requests if m == "PATCH" and path.endswith("/status"))
+    cluster.set_pod_condition("default", "p", cond)
+    assert cluster.flush(10)
+    assert sum(1 for m, path in server.requests if m == "PATCH" and path.endswith("/status")) == patches
+
+
+def test_status_patch_of_a_deleted_pod_is_dropped_quietly(server, cluster):
+    cluster.set_pod_condition("default", "ghost", {"type": "PodScheduled", "status": "False"})
+    assert cluster.flush(10)
+    assert cluster.health()["conditions"]["failed"] == 0
+
+
+def test_api_request_of_garbage_json_is_typed(server, spec):
+    api = Api(spec.api_client(), None, (2.0, 5.0))
+    server.fail("GET", "/version", action="garbage")
+    with pytest.raises(Garbage):
+        api.request("GET", "/version", verb="get", resource="version")
+    assert api.request("GET", "/version", verb="get", resource="version")["major"] == "1"

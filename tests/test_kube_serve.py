@@ -1,0 +1,232 @@
+"""``shardsched serve`` as a process: against the simulated cluster behind the Kubernetes API
+(`SimApiServer`, always), and against a real kube-apiserver + etcd (``KUBEBUILDER_ASSETS``,
+skipped with the reason otherwise). Covers binding, /healthz, /readyz, /metrics, RBAC denied
+(waits, no crash loop), a bad kubeconfig, and leader election: two processes, one leader, the
+standby takes over when the leader stops."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+
+import pytest
+
+from shardsched.kube import envtest
+from shardsched.kube.client import Api, ClientSpec
+from shardsched.kube.simapi import SimApiServer
+from shardsched.sim.cluster import SimCluster
+
+from builders import node, pod
+
+SCHED = "shardsched"  # serve's profile without --config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
+
+
+class Serve:
+    """One ``shardsched serve`` process (threads mode) with its metrics port."""
+
+    def __init__(self, kubeconfig: str, redis_url: str, *args: str) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode", "threads",
+               "--redis-url", redis_url, "--metrics-port", str(self.port), "--metrics-address", "127.0.0.1",
+               "--kube-api-qps", "0", "--watch-timeout", "5", *args]
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, text=True)
+
+    def readyz(self) -> tuple[int, dict]:
+        code, body = http_get(self.port, "/readyz")
+        try:
+            return code, json.loads(body)
+        except ValueError:
+            return code, {}
+
+    def leading(self) -> bool:
+        code, body = http_get(self.port, "/metrics")
+        return code == 200 and 'shardsched_leader{shard="serve"} 1.0' in body
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def output(self) -> str:
+        self.out.seek(0)
+        return self.out.read()
+
+
+@pytest.fixture
+def api_server():
+    sim = SimCluster()
+    sim.create_nodes([node(f"n{i}", cpu="8") for i in range(3)])
+    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex) as srv:
+        yield srv
+
+
+@pytest.fixture
+def kubeconfig(api_server, tmp_path):
+    return api_server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+
+
+@pytest.fixture
+def processes():
+    started: list[Serve] = []
+    yield started
+    for p in started:
+        p.stop(signal.SIGKILL)
+
+
+def create(sim: SimCluster, *names: str) -> None:
+    pods = []
+    for name in names:
+        p = pod(name, cpu="100m")
+        p["metadata"].pop("uid")
+        p["spec"]["schedulerName"] = SCHED
+        pods.append(p)
+    sim.create_pods(pods)
+
+
+def bound(sim: SimCluster, *names: str) -> bool:
+    return all(sim.get_pod("default", n)["spec"].get("nodeName") for n in names)
+
+
+def test_serve_binds_and_serves_health_and_metrics(api_server, kubeconfig, redis_server, processes):
+    create(api_server.sim, "a", "b", "c")
+    s = Serve(kubeconfig, redis_server.url, "--no-leader-elect")
+    processes.append(s)
+    wait_for(lambda: bound(api_server.sim, "a", "b", "c"), what="pods bound")
+    assert http_get(s.port, "/healthz") == (200, "ok")
+    assert s.readyz()[0] == 200
+    code, metrics = http_get(s.port, "/metrics")
+    assert code == 200 and "shardsched_kube_binds_total" in metrics and 'code="201"' in metrics
+    assert s.stop() == 0
+
+
+def test_rbac_denied_waits_with_a_clear_reason_then_recovers(api_server, kubeconfig, redis_server, processes):
+    api_server.deny("create", "pods/binding")
+    create(api_server.sim, "x")
+    s = Serve(kubeconfig, redis_server.url, "--no-leader-elect")
+    processes.append(s)
+    wait_for(lambda: s.readyz()[0] == 503 and "create pods/binding" in s.readyz()[1].get("reason", ""),
+             what="readyz 503 naming the missing permission")
+    assert s.proc.poll() is None, "RBAC denied must not crash the process"
+    api_server.allow("create", "pods/binding")
+    wait_for(lambda: bound(api_server.sim, "x"), 40, "pod bound once RBAC is fixed")
+    assert s.stop() == 0
+
+
+def test_bad_kubeconfig_exits_with_a_clear_message(tmp_path, redis_server):
+    missing = str(tmp_path / "missing.kubeconfig")
+    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", missing,
+                           "--mode", "threads", "--redis-url", redis_server.url], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert f"kubeconfig {missing}: no such file" in proc.stderr
+
+
+def leader_election_scenario(api_server_sim_create, bound_check, kubeconfig: str, redis_url: str,
+                             processes: list, lease_namespace: str) -> None:
+    """Two serve processes: one leads and binds; SIGTERM to it; the standby takes over and binds."""
+    args = ["--leader-elect", "--leader-elect-lease-name", "shardsched", "--leader-elect-lease-namespace",
+            lease_namespace, "--leader-elect-lease-duration", "4", "--leader-elect-renew-deadline", "3",
+            "--leader-elect-retry-period", "1"]
+    a, b = Serve(kubeconfig, redis_url, *args), Serve(kubeconfig, redis_url, *args)
+    processes.extend([a, b])
+    wait_for(lambda: a.leading() or b.leading(), 30, "a leader")
+    time.sleep(1.5)
+    assert a.leading() != b.leading(), "exactly one active coordinator"
+    leader, standby = (a, b) if a.leading() else (b, a)
+    assert standby.readyz()[1].get("phase") == "standby"
+    api_server_sim_create("first")
+    wait_for(lambda: bound_check("first"), what="bound by the leader")
+    assert leader.stop() == 0
+    wait_for(standby.leading, 15, "the standby to take over")
+    api_server_sim_create("second")
+    wait_for(lambda: bound_check("second"), what="bound by the new leader")
+
+
+def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_server, kubeconfig, redis_server,
+                                                                        processes):
+    leader_election_scenario(lambda n: create(api_server.sim, n), lambda n: bound(api_server.sim, n),
+                             kubeconfig, redis_server.url, processes, "kube-system")
+    lease = api_server.leases[("kube-system", "shardsched")]
+    assert lease["spec"]["holderIdentity"]
+
+
+# ---------------------------------------------------------------------------------------- envtest
+@pytest.fixture(scope="module")
+def plane():
+    folder, why = envtest.assets()
+    if folder is None:
+        warnings.warn(f"envtest serve tests skipped: {why}", stacklevel=1)
+        pytest.skip(why)
+    try:
+        cp = envtest.ControlPlane(folder).start()
+    except ImportError as e:
+        pytest.skip(f"envtest needs the cryptography package: {e}")
+    from pathlib import Path
+
+    from kubernetes import utils
+
+    admin_client = ClientSpec(kubeconfig=cp.kubeconfig("admin")).api_client()
+    for f in sorted((Path(__file__).resolve().parent.parent / "deploy" / "rbac").glob("*.yaml")):
+        utils.create_from_yaml(admin_client, str(f))
+    yield cp
+    cp.stop()
+
+
+def test_envtest_serve_and_leader_election(plane, redis_server, processes):
+    admin = Api(ClientSpec(kubeconfig=plane.kubeconfig("admin")).api_client(), None, (5.0, 30.0))
+    for i in range(2):
+        admin.request("POST", "/api/v1/nodes", verb="create", resource="nodes",
+                      body={"metadata": {"name": f"env-n{i}"}, "status": {"allocatable": {"cpu": "8", "memory": "16Gi",
+                                                                                          "pods": "110"}}})
+
+    def create_one(name: str) -> None:
+        admin.request("POST", "/api/v1/namespaces/default/pods", verb="create", resource="pods",
+                      body={"metadata": {"name": name}, "spec": {"schedulerName": SCHED, "containers": [
+                          {"name": "c", "image": "registry.k8s.io/pause:3.9",
+                           "resources": {"requests": {"cpu": "100m"}}}]}})
+
+    def is_bound(name: str) -> bool:
+        p = admin.request("GET", f"/api/v1/namespaces/default/pods/{name}", verb="get", resource="pods")
+        return bool(p["spec"].get("nodeName"))
+
+    leader_election_scenario(create_one, is_bound, plane.kubeconfig("scheduler"), redis_server.url, processes,
+                             "kube-system")

@@ -1,0 +1,164 @@
+"""Units of the Kubernetes backend that need no server: objects to camelCase dicts and to the model,
+the error mapping, the token bucket, credentials loading, and the informer store's merge rules."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import pytest
+from kubernetes import client as k8s
+
+from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.errors import InvalidObjectError, PermanentError, TemporaryError
+from shardsched.kube.client import ClientSpec, Forbidden, TokenBucket, Unauthorized, classify, to_dict
+from shardsched.kube.informer import BOUND_WATCH, Store, watch_specs
+from shardsched.sim.cluster import ADDED, DELETED, MODIFIED
+from shardsched.sim.errors import Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+
+SCHED = "shardsched"
+
+
+# ---------------------------------------------------------------------------------------- translation
+def test_client_models_become_camelcase_dicts_the_model_understands():
+    created = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="web", namespace="prod", uid="u1", creation_timestamp=created),
+        spec=k8s.V1PodSpec(scheduler_name=SCHED, node_selector={"zone": "a"}, containers=[k8s.V1Container(
+            name="c", image="nginx", resources=k8s.V1ResourceRequirements(requests={"cpu": "500m", "memory": "1Gi"}))],
+            tolerations=[k8s.V1Toleration(key="gpu", operator="Exists", effect="NoSchedule")]))
+    d = to_dict(pod)
+    assert d["spec"]["schedulerName"] == SCHED and d["spec"]["nodeSelector"] == {"zone": "a"}
+    assert d["metadata"]["creationTimestamp"].startswith("2024-05-01T12:00:00")
+    assert "scheduler_name" not in d["spec"], "snake_case must not leak"
+    info = PodInfo.from_object(d)
+    assert (info.key, info.scheduler_name, info.requests["cpu"], info.requests["memory"]) == ("prod/web", SCHED, 500, 2**30)
+    node = to_dict(k8s.V1Node(metadata=k8s.V1ObjectMeta(name="n1", labels={"zone": "a"}),
+                              spec=k8s.V1NodeSpec(taints=[k8s.V1Taint(key="gpu", effect="NoSchedule")]),
+                              status=k8s.V1NodeStatus(allocatable={"cpu": "4", "memory": "8Gi", "pods": "110"})))
+    n = NodeInfo.from_object(node)
+    assert (n.name, n.allocatable["cpu"], n.allocatable["pods"]) == ("n1", 4000, 110)
+    assert to_dict(d) is d  # dicts (what list/watch deliver) pass through
+
+
+def test_node_without_allocatable_has_no_room_and_bad_quantities_are_rejected_clearly():
+    bare = NodeInfo.from_object({"metadata": {"name": "bare"}, "status": {}})  # as kube: valid, nothing fits
+    assert not any(bare.allocatable.values())
+    bad = {"metadata": {"name": "p", "namespace": "d"}, "spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "lots"}}}]}}
+    with pytest.raises(InvalidObjectError, match="cpu"):
+        PodInfo.from_object(bad)
+
+
+# ---------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("status,expected,base", [
+    (401, Unauthorized, PermanentError), (403, Forbidden, PermanentError), (404, NotFound, PermanentError),
+    (409, Conflict, PermanentError), (410, Gone, PermanentError), (422, Invalid, PermanentError),
+    (429, ServerError, TemporaryError), (500, ServerError, TemporaryError), (503, ServerError, TemporaryError),
+    (504, Timeout, TemporaryError),
+], ids=lambda v: str(v) if isinstance(v, int) else None)
+def test_http_status_maps_to_typed_error(status, expected, base):
+    err = classify(status, b'{"kind":"Status","message":"m"}', "list", "pods")
+    assert isinstance(err, expected) and isinstance(err, base)
+
+
+def test_forbidden_names_verb_and_resource_and_the_fix():
+    err = classify(403, b'{"message":"pods is forbidden: User \\"x\\" cannot create resource \\"pods/binding\\""}',
+                   "create", "pods/binding")
+    assert "RBAC denied: cannot create pods/binding" in str(err) and "deploy/rbac" in str(err)
+
+
+def test_retry_after_sets_the_delay_and_garbage_bodies_are_quoted():
+    err = classify(429, b"<html>slow down</html>", "create", "pods/binding", {"Retry-After": "3"})
+    assert err.delay_s == 3.0 and "<html>slow down" in str(err)
+
+
+# ---------------------------------------------------------------------------------------- rate limit
+def test_token_bucket_allows_burst_then_qps():
+    now = [0.0]
+    bucket = TokenBucket(qps=10, burst=3, clock=lambda: now[0])
+    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.reserve() == pytest.approx(0.1)
+    assert bucket.reserve() == pytest.approx(0.2)  # queued behind the previous reservation
+    now[0] = 10.0  # refilled, capped at burst
+    assert [bucket.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert TokenBucket(qps=0, burst=1).reserve() == 0.0  # 0 = unlimited
+
+
+# ---------------------------------------------------------------------------------------- kubeconfig
+def test_missing_unreadable_and_invalid_kubeconfigs_are_permanent_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(PermanentError, match="no such file"):
+        ClientSpec(kubeconfig=str(tmp_path / "nope")).configuration()
+    garbage = tmp_path / "garbage"
+    garbage.write_text("{{{ not yaml")
+    with pytest.raises(PermanentError, match="garbage"):
+        ClientSpec(kubeconfig=str(garbage)).configuration()
+    empty = tmp_path / "empty"
+    empty.write_text("apiVersion: v1\nkind: Config\n")
+    with pytest.raises(PermanentError, match="empty"):
+        ClientSpec(kubeconfig=str(empty)).configuration()
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        locked.write_text("x")
+        locked.chmod(0)
+        with pytest.raises(PermanentError, match="not readable"):
+            ClientSpec(kubeconfig=str(locked)).configuration()
+
+
+# ---------------------------------------------------------------------------------------- the store
+def _pod(uid: str, rv: int, node: str = "") -> dict:
+    spec = {"schedulerName": SCHED, "containers": [{"name": "c"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"kind": "Pod", "metadata": {"name": uid, "namespace": "d", "uid": uid, "resourceVersion": str(rv)},
+            "spec": spec}
+
+
+UNBOUND = f"pods-unbound:{SCHED}"
+
+
+@pytest.mark.parametrize("steps,want_events,want_pods", [
+    # bind seen on the unbound watch (selector exit) first, then on the bound watch
+    ([(UNBOUND, ADDED, 1, ""), (UNBOUND, DELETED, 1, ""), (BOUND_WATCH, ADDED, 2, "n1")],
+     [ADDED, DELETED, ADDED], {"p": "n1"}),
+    # bound watch first: the late selector exit must not delete the bound pod
+    ([(UNBOUND, ADDED, 1, ""), (BOUND_WATCH, ADDED, 2, "n1"), (UNBOUND, DELETED, 1, "")],
+     [ADDED, ADDED], {"p": "n1"}),
+    # an older unbound state arriving after the bind must not resurrect a pending pod
+    ([(BOUND_WATCH, ADDED, 3, "n1"), (UNBOUND, MODIFIED, 2, "")], [ADDED], {"p": "n1"}),
+    # a real deletion of a pending pod
+    ([(UNBOUND, ADDED, 1, ""), (UNBOUND, DELETED, 2, "")], [ADDED, DELETED], {}),
+    # a bound pod that ends (terminal phases leave the bound watch as DELETED)
+    ([(BOUND_WATCH, ADDED, 1, "n1"), (BOUND_WATCH, DELETED, 2, "n1")], [ADDED, DELETED], {}),
+], ids=["unbound-exit-first", "bound-first", "stale-unbound", "pending-deleted", "bound-ends"])
+def test_store_merges_the_two_pod_watches(steps, want_events, want_pods):
+    store = Store(watch_specs([SCHED]))
+    for watch, typ, rv, node in steps:
+        store.apply(watch, typ, _pod("p", rv, node))
+    events, _ = store.since(0)
+    assert [e.type for e in events] == want_events
+    pods, _ = store.list_pods()
+    assert {p["metadata"]["uid"]: p["spec"].get("nodeName", "") for p in pods} == want_pods
+
+
+def test_relist_emits_the_differences_and_the_log_answers_gone_when_compacted():
+    store = Store(watch_specs([SCHED]), log_limit=4)
+    store.replace(UNBOUND, [_pod("a", 1), _pod("b", 1)])
+    _, seq = store.list_nodes()
+    pods, seq2 = store.list_pods()
+    assert seq == seq2 == 2 and len(pods) == 2  # list_pods pinned at list_nodes' moment
+    n = store.replace(UNBOUND, [_pod("a", 1), _pod("b", 5), _pod("c", 5)])  # b changed, c new
+    assert n == 2
+    assert store.replace(UNBOUND, [_pod("c", 5)]) == 2  # a and b gone
+    events, _ = store.since(2)
+    assert [(e.type, e.object["metadata"]["uid"]) for e in events] == [
+        (MODIFIED, "b"), (ADDED, "c"), (DELETED, "a"), (DELETED, "b")]
+    for i in range(10):
+        store.apply(UNBOUND, MODIFIED, _pod("c", 10 + i))
+    with pytest.raises(Gone):
+        store.since(2)
+    with pytest.raises(Gone):
+        store.since(10**6)  # from another instance
+    events, rv = store.since(store.list_pods()[1] - 2, limit=1)
+    assert len(events) == 1 and rv == events[0].rv
