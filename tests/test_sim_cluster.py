@@ -524,11 +524,10 @@ def test_uniform_builders():
 
 # --------------------------------------------------------------------------------------------- ray
 
-def test_works_as_a_ray_actor():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+def test_works_as_a_ray_actor(ray_session):
+    ray = ray_session
+    actor = ray.remote(SimCluster).remote(seed=1)
     try:
-        actor = ray.remote(SimCluster).remote(seed=1)
         ray.get(actor.create_nodes.remote(uniform_nodes(2)))
         ray.get(actor.create_pods.remote(uniform_pods(2)))
         results = ray.get(actor.bind_many.remote([Binding("default", "pod-00000", "node-00000"),
@@ -539,4 +538,4 @@ def test_works_as_a_ray_actor():
         events, rv = ray.get(actor.events_since.remote(0, kinds=["Pod"]))
         assert [e.type for e in events] == ["ADDED", "ADDED", MODIFIED] and rv == 5
     finally:
-        ray.shutdown()
+        ray.kill(actor)

@@ -41,7 +41,7 @@ from shardsched.metrics import ShardMetrics
 from shardsched.scheduler.algorithm import GenericScheduler, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
 from shardsched.sharding.hashing import assign
-from shardsched.sharding.protocols import FENCED, UNSCHEDULABLE_HERE, Handoff
+from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
 from shardsched.sharding.remote import Remote, RemoteUnavailable
 from shardsched.store.ledger import BoundPod, Ledger, NodeEntry
 
@@ -271,7 +271,9 @@ class Coordinator:
             s.remote.call("nudge", "NodeUpdate")
 
     def _handle_pods(self, events: list[tuple[str, dict]]) -> None:
-        new: list[PodInfo] = []
+        # pending pods first seen in this batch, routed after it: a later event of the same batch
+        # (deleted, bound by someone else, updated) replaces or cancels the entry
+        new: dict[str, PodInfo] = {}
         observe: list[BoundPod] = []
         forget: dict[str, str] = {}
         adds: dict[int, list] = defaultdict(list)
@@ -285,6 +287,9 @@ class Coordinator:
             phase = (obj.get("status") or {}).get("phase") or "Pending"
             terminal = phase in ("Succeeded", "Failed")
             if typ == "DELETED" or (node and terminal):
+                new.pop(uid, None)
+                if typ == "DELETED":
+                    self.invalid.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
                 old = self.bound_on.pop(uid, None)
                 if old is not None:
                     self.table.remove_pod(uid)
@@ -297,6 +302,7 @@ class Coordinator:
                     self._unroute(t.shard)
                 continue
             if node:
+                new.pop(uid, None)
                 if self.bound_on.get(uid) == node:
                     continue
                 t = self.pending.pop(uid, None)
@@ -326,7 +332,7 @@ class Coordinator:
             if (spec.get("schedulerName") or "default-scheduler") not in self.profiles:
                 continue
             try:
-                new.append(PodInfo.from_object(obj))
+                new[uid] = PodInfo.from_object(obj)
             except InvalidObjectError as e:
                 key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 if key not in self.invalid:
@@ -346,7 +352,7 @@ class Coordinator:
         for index, keys in unqueue.items():
             self.shards[index].remote.call("remove_pods", keys)
         if new:
-            self.route(new)
+            self.route(list(new.values()))
 
     # ------------------------------------------------------------------ routing
     def _unroute(self, shard: int) -> None:
@@ -418,7 +424,7 @@ class Coordinator:
                 self.counters["requeues"] += 1
                 if h.reason == FENCED:
                     t.tried.clear()
-                else:
+                elif h.reason != BIND_CONFLICT:  # a rejected bind says nothing about the shard's room
                     t.tried.add(shard)
                 fits, static = self._shard_counts(pod)
                 target = self._choose(fits, static, exclude=t.tried)

@@ -23,6 +23,7 @@ UNSCHEDULABLE_HERE = "unschedulable"  # no node of this shard fits
 FENCED = "fenced"  # the shard no longer owns the chosen node (stale shard map)
 INSUFFICIENT = "insufficient"  # the second resource check in Redis failed
 BIND_FAILED = "bind_failed"  # the API answered 5xx or timed out
+BIND_CONFLICT = "bind_conflict"  # the API answered 409 or 404: bound or deleted, or not; the watch knows
 
 
 @dataclass

@@ -204,6 +204,8 @@ class EmbeddedRun:
         sample = [pod_requests(p).get("cpu", 0) for _, _, p in workload[:1000]]
         self._mean_cpu = sum(sample) / len(sample) if sample else 0.0
         self._metrics_server = None
+        self._started_ray = False
+        self._actors: list[Any] = []  # every actor this run created, killed by _stop
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -221,6 +223,7 @@ class EmbeddedRun:
             if not ray.is_initialized():
                 ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=True, configure_logging=False)
+                self._started_ray = True
         except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
             raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
         self.meter.add(os.getpid(), "driver")
@@ -230,8 +233,10 @@ class EmbeddedRun:
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
         self.cluster = sim_cluster_actor(seed=o.seed, faults=o.faults)
+        self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
         self.coordinator = coordinator_actor(self.config, redis_url, self.prefix, self.cluster, o.shards, o.shard_options)
+        self._actors.append(self.coordinator)
         ray.get(self.coordinator.start.remote())
         self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
         self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
@@ -260,15 +265,25 @@ class EmbeddedRun:
             raise RunError(f"--metrics-port {port}: {e.strerror or e}") from None
 
     def _stop(self) -> None:
+        """Stop the loops, kill this run's actors (shards, coordinator, cluster) and shut down Ray
+        if this run started it: a Ray that was already there (a test session's, or one joined with
+        ``ray_address``) is left running, without our actors."""
         try:
             if self.coordinator is not None:
+                self._actors.extend(ray.get(self.coordinator.shards.remote(), timeout=15))
                 ray.get(self.coordinator.stop.remote(), timeout=15)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        if ray.is_initialized() and not self.options.ray_address:
-            ray.shutdown()
+        if ray.is_initialized():
+            for actor in self._actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already dead is fine
+                    pass
+            if self._started_ray:
+                ray.shutdown()
         if self.redis is not None:
             self.redis.stop()
 

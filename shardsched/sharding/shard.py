@@ -12,8 +12,11 @@ One loop step (kube's scheduling cycle + binding cycle, batched):
 
 Every failure after the assume goes through one rollback path (`_rollback`: release the
 reservation, forget the assume, release the lease) and the pod goes back to the queue with backoff,
-or to the rebalancer when another shard may do better. Redis or the API being away pauses binding:
-nothing is bound without a reservation, and no pod is dropped.
+or to the rebalancer when another shard may do better or only the watch can tell what became of it
+(a bind answered 409 or 404). A bind whose answer was lost (504, or no answer) may have been
+applied: its reservation is kept, so its capacity stays counted until the watch's ``observe`` turns
+it into usage or it expires. Redis or the API being away pauses binding: nothing is bound without
+a reservation, and no pod is dropped.
 
 The class is plain Python (tests drive `step` directly); `shardsched.sharding.actors` makes it a Ray
 actor and runs `run_forever` in a thread.
@@ -35,8 +38,8 @@ from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, ShardMetrics
 from shardsched.queue import NODE_ADD, NODE_UPDATE, ASSIGNED_POD_DELETE, QueuedPodInfo, SchedulingQueue
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
 from shardsched.scheduler.whatif import build_schedulers
-from shardsched.sharding.protocols import (BIND_FAILED, FENCED, INSUFFICIENT, UNSCHEDULABLE_HERE, BindTarget,
-                                           Handoff, Rebalancer)
+from shardsched.sharding.protocols import (BIND_CONFLICT, BIND_FAILED, FENCED, INSUFFICIENT, UNSCHEDULABLE_HERE,
+                                           BindTarget, Handoff, Rebalancer)
 from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem
 
 log = logging.getLogger(__name__)
@@ -126,7 +129,11 @@ class Shard:
         self.stats = ShardStats()
         self._lock = threading.RLock()  # table + schedulers; the queue has its own lock
         self._stop = threading.Event()
-        self._shadow: dict[str, str] = {}  # node -> uid of its ledger shadow usage
+        # node -> (uid of its ledger shadow usage, time.monotonic() when it expires); see _refresh_node
+        self._shadow: dict[str, tuple[str, float]] = {}
+        # uids this shard assumed in its table and the watch has not confirmed yet (kube's cache:
+        # assumed pods); only these are forgotten on a rollback, see _forget
+        self._assumed: set[str] = set()
         self.last_error = ""
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
@@ -153,9 +160,11 @@ class Shard:
         freed = False
         with self._lock:
             for usage, node in adds:
+                self._assumed.discard(usage.uid)  # confirmed: the table now counts the truth
                 self._drop_shadow(node)
                 self.table.add_pod(usage, node)
             for uid in removes:
+                self._assumed.discard(uid)
                 if self.table.remove_pod(uid) is not None:
                     freed = True
         if freed:
@@ -213,6 +222,7 @@ class Shard:
         Raises only on a bug; even then the batch's pods still in flight are forgotten in the table
         and put back with backoff first, so nothing is lost.
         """
+        self._expire_shadows()
         batch = self.queue.pop_batch(self._batch_size())
         if not batch:
             self._publish_pending()
@@ -233,12 +243,25 @@ class Shard:
         self.stats.batches += 1
         self.metrics.batch_size.observe(len(batch))
         started = time.perf_counter()
+        popped = len(batch)
+
+        # Pods the watch showed bound while they waited (a bind answered 504 that was applied, or
+        # another scheduler): done, as kube-scheduler skips assigned pods. Scheduling one again
+        # would move its usage in the table and a failed bind would then forget it.
+        with self._lock:
+            assigned = {q.key for q in batch if self.table.node_of(q.pod_info.uid) is not None}
+        if assigned:
+            for key in assigned:
+                self.queue.done(key)
+            batch = [q for q in batch if q.key not in assigned]
+            if not batch:
+                return popped
 
         try:
             tokens = self.ledger.acquire_leases([q.pod_info.uid for q in batch], self.member, self.options.lease_ttl_ms)
         except TemporaryError as e:
             self._pause(batch, f"Redis unavailable while taking leases: {e}")
-            return len(batch)
+            return popped
         leased = []
         for q in batch:
             if q.pod_info.uid in tokens:
@@ -259,6 +282,7 @@ class Shard:
                 pod = q.pod_info
                 result = self.schedulers.get(pod.scheduler_name, self.default_scheduler).schedule(pod)
                 if result.node is not None:
+                    self._assumed.add(pod.uid)
                     placed.append((q, result, tokens[pod.uid]))
                 else:
                     extra = result.status.extra or {}
@@ -271,7 +295,7 @@ class Shard:
             self._release_leases([(h.qpi.pod_info.uid, tokens[h.qpi.pod_info.uid]) for h in handoffs])
         if not placed:
             self._handoff(handoffs)
-            return len(batch)
+            return popped
 
         # Reserve: the second resource check, fenced, one Redis call for the batch.
         items = [ReserveItem(q.pod_info.uid, r.node, tok, q.pod_info.requests) for q, r, tok in placed]
@@ -285,7 +309,7 @@ class Shard:
                     self._forget(q.pod_info)
             self._handoff(handoffs)
             self._pause([q for q, _, _ in placed], f"Redis unavailable while reserving: {e}")
-            return len(batch)
+            return popped
         to_bind: list[tuple[QueuedPodInfo, ScheduleResult, int]] = []
         for (q, r, tok), res in zip(placed, results):
             self.metrics.ledger_reserve.labels(res.code.name).inc()
@@ -293,14 +317,17 @@ class Shard:
                 to_bind.append((q, r, tok))
                 continue
             self.stats.reserve_failures += 1
-            self._rollback(q, r.node, tok, reserved=False)
+            self._rollback(q, r.node, tok, release=False)
             if res.code == ReserveCode.INSUFFICIENT:
                 self._refresh_node(r.node)
                 q.last_failure_reason = f"node {r.node} had insufficient {res.resource} in the ledger (second check)"
                 self.metrics.requeues.labels(INSUFFICIENT).inc()
                 self.queue.requeue_backoff(q)
             elif res.code == ReserveCode.LEASE_LOST:
-                self.queue.done(q.key)  # another shard took it over; it is theirs now
+                # The lease expired before the Reserve (a stall longer than the lease TTL, or Redis
+                # lost it). The next attempt takes it again, or waits while another shard holds it.
+                q.last_failure_reason = "pod lease expired before the reservation"
+                self.queue.requeue_backoff(q)
             elif res.code == ReserveCode.FENCED:
                 handoffs.append(Handoff(q, FENCED, f"shard {self.member} no longer owns node {r.node}"))
             else:
@@ -311,7 +338,7 @@ class Shard:
         if to_bind:
             self._bind(to_bind, handoffs, started)
         self._handoff(handoffs)
-        return len(batch)
+        return popped
 
     def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:
         bindings = [(q.pod_info.namespace, q.pod_info.name, r.node, q.pod_info.uid) for q, r, _ in to_bind]
@@ -342,13 +369,16 @@ class Shard:
                     self.stats.latencies_s.append(lat)
                     self.metrics.sli_duration.labels(str(min(q.attempts, 15))).observe(lat)
             elif code in (404, 409):
-                # 409: bound by someone else, 404: deleted; the watch brings the truth either way
-                self._rollback(q, r.node, tok, reserved=True)
-                self.queue.done(q.key)
+                # Bound by someone else, or deleted, or (404) the node is gone, or a conflict that
+                # did not bind it: only the watch knows, so the rebalancer (which follows it) drops
+                # the pod if it is bound or deleted and routes it again otherwise.
+                self._rollback(q, r.node, tok, release=True)
                 self.stats.conflicts += code == 409
                 self.metrics.binds.labels("conflict" if code == 409 else "not_found").inc()
+                handoffs.append(Handoff(q, BIND_CONFLICT, f"binding rejected: {code} {results[i].message}"))
             else:
-                self._rollback(q, r.node, tok, reserved=True)
+                # 5xx: not bound, retry here. 504 or no answer: maybe bound; keep the reservation.
+                self._rollback(q, r.node, tok, release=code != 504)
                 self.stats.bind_errors += 1
                 self.metrics.binds.labels("error").inc()
                 self.metrics.schedule_attempts.labels(ERROR, pod.scheduler_name).inc()
@@ -357,6 +387,8 @@ class Shard:
                 self.metrics.requeues.labels(BIND_FAILED).inc()
                 self.queue.requeue_backoff(q)
         if commits:
+            with self._lock:  # bound: counted for good, whatever the watch says first
+                self._assumed.difference_update(ref.uid for ref in commits)
             try:
                 self.ledger.commit(commits)
                 self.ledger.release_leases(dict(lease_done), self.member)
@@ -368,15 +400,26 @@ class Shard:
 
     # ------------------------------------------------------------------ helpers
     def _forget(self, pod: PodInfo) -> None:
-        self.table.remove_pod(pod.uid)
+        """Undo this shard's assume of the pod (kube's ForgetPod). A pod the watch has confirmed
+        bound meanwhile (a bind that answered 504 but was applied, or a 409 because someone else
+        bound it) is the truth and stays counted. Call with the lock held."""
+        if pod.uid in self._assumed:
+            self._assumed.discard(pod.uid)
+            self.table.remove_pod(pod.uid)
 
-    def _rollback(self, q: QueuedPodInfo, node: str, token: int, reserved: bool) -> None:
-        """The one rollback path: release the reservation (if made), forget the assume, release the
-        lease. Safe when any of these never happened."""
+    def _rollback(self, q: QueuedPodInfo, node: str, token: int, release: bool) -> None:
+        """The one rollback path: release the reservation, forget the assume, release the lease.
+        Safe when any of these never happened.
+
+        Args:
+            release: release the reservation; False when none was made, or when the bind's outcome
+                is unknown (504): then the reservation keeps the capacity counted until the watch's
+                ``observe`` turns it into usage, or it expires (reservation TTL).
+        """
         with self._lock:
             self._forget(q.pod_info)
         try:
-            if reserved:
+            if release:
                 self.ledger.release([ReservationRef(q.pod_info.uid, node, token)])
             self.ledger.release_leases({q.pod_info.uid: token}, self.member)
         except TemporaryError as e:  # both expire on their own (TTL)
@@ -390,7 +433,10 @@ class Shard:
 
     def _refresh_node(self, node: str) -> None:
         """After a failed second check: make the table see at least what the ledger counts on the
-        node (used + reserved) until the watch brings the pods that explain it."""
+        node (used + reserved), as a shadow pod, until the watch brings the pods that explain it (a
+        pod bound on the node drops the shadow) or for one reservation TTL: the reservations it
+        stands for are committed or expire by then (a bind that timed out and was never applied
+        leaves one behind), and a shadow kept longer would hide room the node has."""
         try:
             usage = self.ledger.node_usage(node)
         except TemporaryError:
@@ -409,12 +455,24 @@ class Shard:
             if missing:
                 uid = f"ledger-shadow/{node}"
                 self.table.add_pod(PodUsage(uid, uid, missing, 0, 0), node)
-                self._shadow[node] = uid
+                self._shadow[node] = (uid, time.monotonic() + self.options.reservation_ttl_ms / 1000)
 
     def _drop_shadow(self, node: str) -> None:
-        uid = self._shadow.pop(node, None)
-        if uid is not None:
-            self.table.remove_pod(uid)
+        shadow = self._shadow.pop(node, None)
+        if shadow is not None:
+            self.table.remove_pod(shadow[0])
+
+    def _expire_shadows(self) -> None:
+        """Drop shadows older than a reservation TTL; pods waiting for room are moved back."""
+        if not self._shadow:
+            return
+        now = time.monotonic()
+        with self._lock:
+            expired = [node for node, (_, until) in self._shadow.items() if until <= now]
+            for node in expired:
+                self._drop_shadow(node)
+        if expired:
+            self.queue.move_all_to_active_or_backoff(ASSIGNED_POD_DELETE)
 
     def _pause(self, qpis: Sequence[QueuedPodInfo], why: str) -> None:
         """Redis away: no binding without a reservation. Pods wait out a backoff; nothing is lost."""

@@ -1,0 +1,111 @@
+"""Coordinator, without Ray: a plain `Coordinator` over a real `SimCluster`, real Redis ledger and
+plain `Shard`s, each stepped by the test. The watch is polled by hand, so a test decides which
+events arrive together in one poll."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shardsched.config import load_config
+from shardsched.sharding.coordinator import Coordinator
+from shardsched.sharding.remote import Remote
+from shardsched.sharding.shard import Shard, ShardOptions
+from shardsched.sim import SimCluster, uniform_nodes, uniform_pods
+
+CONFIG = load_config("""\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 0.01
+podMaxBackoffSeconds: 0.05
+profiles:
+- schedulerName: shardsched
+""")
+
+
+class World:
+    """A coordinator and its shards, all plain objects; shards are stepped by `settle`."""
+
+    def __init__(self, ledger, n_nodes: int = 4, shards: int = 2) -> None:
+        self.cluster = SimCluster(seed=0)
+        self.cluster.create_nodes(uniform_nodes(n_nodes, cpu="4"))
+        self.shards: dict[int, Shard] = {}
+        self.coordinator = Coordinator(CONFIG, ledger, Remote(self.cluster), self._new_shard, shards)
+        self.ledger = ledger
+        self.coordinator.start()
+
+    def _new_shard(self, index: int, member: str) -> Remote:
+        shard = Shard(index, member, CONFIG, self.ledger, self.cluster, self.coordinator, ShardOptions(seed=0))
+        self.shards[index] = shard
+        return Remote(shard)
+
+    def create(self, n: int, prefix: str = "pod-") -> list[dict]:
+        return self.cluster.create_pods(uniform_pods(n, cpu="1", scheduler_name="shardsched", prefix=prefix))
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Step the coordinator and the shards until nothing moves and every pending pod is bound
+        or known unschedulable."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = self.coordinator.step()
+            busy = sum(s.step() for s in self.shards.values()) > 0 or busy
+            status = self.coordinator.status()
+            if not busy and status["pending"] == status["unschedulable"] and not self.in_shards():
+                return
+            assert time.monotonic() < deadline, f"not settled: {status}"
+            time.sleep(0.005)
+
+    def in_shards(self) -> set[str]:
+        return {k for s in self.shards.values() for k in s.pending_keys()}
+
+
+def test_a_pod_created_and_deleted_between_two_polls_is_not_tracked(ledger):
+    """ADDED and DELETED of one pod arrive in the same poll: the pod must not be routed after its
+    deletion (it would stay pending for ever, and the run would never settle)."""
+    world = World(ledger)
+    world.create(3)
+    world.cluster.delete_pod("default", "pod-00001")
+
+    world.coordinator.poll_watch()
+
+    assert sorted(world.coordinator.pending_keys()) == ["default/pod-00000", "default/pod-00002"]
+    assert world.in_shards() == {"default/pod-00000", "default/pod-00002"}
+    world.settle()
+    assert world.coordinator.status()["pending"] == 0
+    assert world.cluster.invariants()["pods_bound"] == 2
+
+
+def test_a_pod_created_and_bound_by_someone_else_between_two_polls_is_not_routed(ledger):
+    world = World(ledger)
+    world.create(2)
+    world.cluster.bind("default", "pod-00000", "node-00000")
+
+    world.coordinator.poll_watch()
+
+    assert world.coordinator.pending_keys() == ["default/pod-00001"]
+    assert world.in_shards() == {"default/pod-00001"}
+    assert world.ledger.node_usage("node-00000").used["cpu"] == 1000  # observed
+    world.settle()
+    inv = world.cluster.invariants()
+    assert inv["pods_bound"] == 2 and inv["bind_conflicts"] == 0
+
+
+@pytest.mark.parametrize("bound_first", [True, False], ids=["watch-first", "handoff-first"])
+def test_a_bind_rejected_because_someone_else_bound_the_pod_ends_with_it(ledger, bound_first):
+    """A shard's bind answers 409 (another scheduler bound the pod first); whether the watch or the
+    shard's hand-off reaches the coordinator first, the pod ends bound once and tracked nowhere."""
+    world = World(ledger, n_nodes=2, shards=1)
+    world.create(1)
+    world.coordinator.poll_watch()  # routed
+    world.cluster.bind("default", "pod-00000", "node-00001")
+    if bound_first:
+        world.coordinator.poll_watch()
+    [shard] = world.shards.values()
+    shard.step()
+
+    world.settle()
+
+    assert world.coordinator.status()["pending"] == 0 and not world.in_shards()
+    assert world.cluster.invariants()["binds"] == 1
+    assert world.ledger.node_usage("node-00001").used["cpu"] == 1000 and not world.ledger.node_usage("node-00000").used
