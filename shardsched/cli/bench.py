@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -13,6 +14,14 @@ def bench() -> None:
 
     \b
     decision   the decision path alone (Filter/Score/select/assume), one process
+    field      the field report's table: kube-like baseline, single, batch-10, batch-auto, shards-N
+    perf       kube-scheduler's scheduler_perf workloads, with their throughput thresholds
+    scaling    throughput and P99 vs nodes and shards, pods/s vs batch size
+
+    \b
+    field, perf and scaling run the embedded main job (local Ray, private Redis, simulated
+    cluster, coordinator, shards) once per row, print a Markdown table on stdout (or JSON with
+    -o json), write PNG plots with --plot-dir, and show progress on stderr.
     """
 
 
@@ -48,3 +57,203 @@ def decision(nodes: int, pods: int, distinct: int, repeat: int, seed: int, confi
     console = Console()
     console.print(table)
     console.print(f"peak RSS of this process: {peak / 2**20:.0f} MiB")
+
+
+def _output_options(f):
+    f = click.option("--plot-dir", type=click.Path(file_okay=False), help="Write PNG plots into this folder.")(f)
+    f = click.option("--save-json", type=click.Path(dir_okay=False),
+                     help="Also write the JSON result to this file (whatever -o is).")(f)
+    f = click.option("-o", "--output", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)(f)
+    f = click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")(f)
+    return f
+
+
+def _int_list(ctx, param, value):
+    from shardsched.bench.harness import parse_int_list
+
+    if value is None:
+        return None
+    try:
+        return parse_int_list(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a comma-separated list of integers (1k = 1000), got {value!r}") from None
+
+
+def _row_pods(ctx, param, value) -> dict[str, int]:
+    out = {}
+    for item in value:
+        row, sep, n = item.partition("=")
+        if not sep or not n.strip().isdigit() or int(n) < 1:
+            raise click.BadParameter(f"expected ROW=PODS (e.g. single=5000), got {item!r}")
+        out[row.strip()] = int(n)
+    return out
+
+
+def _emit(kw: dict, data: dict, markdown: str, plot) -> None:
+    paths = plot() if kw["plot_dir"] else []
+    if paths:
+        data["plots"] = paths
+    if kw["save_json"]:
+        with open(kw["save_json"], "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+    if kw["output"] == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(markdown)
+    for p in paths:
+        click.echo(f"plot: {p}")
+
+
+def _fail(e: Exception) -> None:
+    click.echo(f"error: {e}", err=True)
+    sys.exit(1)
+
+
+@bench.command()
+@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True)
+@click.option("--node-cpu", default="8", show_default=True)
+@click.option("--node-memory", default="16Gi", show_default=True)
+@click.option("--pods", type=click.IntRange(1), default=20000, show_default=True, help="Pods in each row's burst.")
+@click.option("--pod-cpu", default="1", show_default=True)
+@click.option("--pod-memory", default="1Gi", show_default=True)
+@click.option("--row-pods", multiple=True, callback=_row_pods, metavar="ROW=PODS",
+              help="Burst size for one row instead of --pods (repeatable), e.g. --row-pods single=5000.")
+@click.option("--rows", help="Comma-separated rows to run (default: all): kube-like, single, batch-10, batch-auto, shards-N.")
+@click.option("--shards", "shard_counts", default="1,2,4", show_default=True, callback=_int_list,
+              help="N of the shards-N rows.")
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--bind-latency-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Simulated API answer time per bind call, for every row (kube-like pays it per pod).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per row.")
+@click.option("--profile-dir", type=click.Path(file_okay=False),
+              help="Run py-spy (-f raw) on every process of each row, write the files here and add a "
+                   "'where the time goes' section (profiled figures are slower: quote the shares, not the rates).")
+@_output_options
+def field(**kw) -> None:
+    """The field report's table on the embedded simulated cluster, every row in this run.
+
+    \b
+    Rows: kube-like (kube-scheduler's loop emulated in one process: one pod per cycle from a
+    SchedulingQueue, full default plugins, adaptive percentageOfNodesToScore, one bind at a time,
+    no signature cache), single (1 shard, batch 1), batch-10, batch-auto (adaptive batch), and
+    shards-1/2/4 (adaptive batch). Columns: avg and P99 latency (creation to bound), pods/s, CPU
+    cores, peak memory; the report's figures beside, ratios to kube-like of this run.
+    """
+    from shardsched.bench import field as mod
+    from shardsched.bench.harness import Progress, machine
+    from shardsched.errors import ConfigError
+
+    params = mod.FieldParams(
+        nodes=kw["nodes"], node_cpu=kw["node_cpu"], node_memory=kw["node_memory"], pods=kw["pods"],
+        pod_cpu=kw["pod_cpu"], pod_memory=kw["pod_memory"], row_pods=kw["row_pods"],
+        rows=[r.strip() for r in kw["rows"].split(",")] if kw["rows"] else None,
+        shard_counts=tuple(kw["shard_counts"]), max_batch_size=kw["max_batch_size"],
+        bind_latency_ms=kw["bind_latency_ms"], seed=kw["seed"], timeout_s=kw["timeout_s"],
+        config_path=kw["config_path"], profile_dir=kw["profile_dir"])
+    host = machine()
+    try:
+        with Progress("field", quiet=kw["quiet"]) as progress:
+            rows = mod.run(params, progress)
+    except (ConfigError, ValueError) as e:
+        _fail(e)
+    _emit(kw, mod.to_json(rows, params, host), mod.markdown(rows, params), lambda: mod.plot(rows, params, kw["plot_dir"]))
+
+
+@bench.command()
+@click.option("--workload", "workloads", multiple=True, metavar="PATTERN",
+              help="Workload to run, TestCase/workload, glob allowed (repeatable); default: issue 6's list.")
+@click.option("--list", "list_only", is_flag=True, help="List every workload of the configs with its status and exit.")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="scheduler_perf folder (default: $SHARDSCHED_SCHEDULER_PERF_DIR or ../shared/data/scheduler_perf).")
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True, help="0 = adaptive.")
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Per workload.")
+@_output_options
+def perf(**kw) -> None:
+    """kube-scheduler's scheduler_perf workloads that shardsched's plugins can express.
+
+    \b
+    Read from upstream's performance-config.yaml files and templates: nodes from the node
+    templates, init pods created already bound, the measured pods in one burst, churn ops while
+    they are scheduled. Each workload's throughput threshold (upstream's floor for kube-scheduler)
+    is shown beside our pods/s. Workloads that need plugins shardsched lacks are listed as skipped
+    with the reason; ones with an ignored part are marked partial.
+    """
+    from shardsched.bench import perf as mod
+    from shardsched.bench.harness import Progress, machine, markdown_table
+    from shardsched.errors import ConfigError
+
+    if kw["list_only"]:
+        try:
+            cat = mod.catalog(mod.load_workloads(kw["data_dir"]))
+        except FileNotFoundError as e:
+            _fail(e)
+        if kw["output"] == "json":
+            click.echo(json.dumps(cat, indent=2))
+        else:
+            default = set(mod.DEFAULT_WORKLOADS)
+            click.echo(markdown_table(["workload", "threshold", "status", "default", "reasons"],
+                                      [[c["workload"], c["threshold"] or "—", c["status"],
+                                        "yes" if c["workload"] in default else "", "; ".join(c["reasons"])] for c in cat]))
+        return
+    params = mod.PerfParams(workloads=list(kw["workloads"]) or None, data_dir=kw["data_dir"], shards=kw["shards"],
+                            batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"], seed=kw["seed"],
+                            timeout_s=kw["timeout_s"], config_path=kw["config_path"])
+    host = machine()
+    try:
+        with Progress("perf", quiet=kw["quiet"]) as progress:
+            results, cat = mod.run(params, progress)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+    _emit(kw, mod.to_json(results, cat, params, host), mod.markdown(results, cat, params),
+          lambda: mod.plot(results, kw["plot_dir"]))
+
+
+@bench.command()
+@click.option("--nodes", "node_counts", default="1k,5k,20k,50k", show_default=True, callback=_int_list,
+              help="Cluster sizes of the nodes sweep.")
+@click.option("--shards", "shard_counts", default="1,2,4", show_default=True, callback=_int_list,
+              help="Shard counts of the shards sweep.")
+@click.option("--batch-sizes", default="1,10,100,1000,0", show_default=True, callback=_int_list,
+              help="Batch sizes of the batch sweep (0 = adaptive).")
+@click.option("--sweeps", default="nodes,shards,batch", show_default=True, help="Which sweeps to run.")
+@click.option("--pods", type=click.IntRange(1), default=20000, show_default=True,
+              help="Burst per point (at most 4 per node, i.e. 50% of the CPU).")
+@click.option("--batch-pods", type=click.IntRange(1), default=5000, show_default=True, help="Burst of the batch sweep.")
+@click.option("--base-nodes", type=click.IntRange(1), default=5000, show_default=True,
+              help="Nodes of the shards and batch sweeps.")
+@click.option("--base-shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shards of the nodes sweep.")
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Per point.")
+@_output_options
+def scaling(**kw) -> None:
+    """Throughput and P99 latency vs nodes and vs shards; pods/s vs batch size.
+
+    \b
+    Field-report nodes (8 CPU / 16Gi) and pods (1 CPU / 1Gi), one embedded run per point.
+    """
+    from shardsched.bench import scaling as mod
+    from shardsched.bench.harness import Progress, machine
+    from shardsched.errors import ConfigError
+
+    if any(n < 1 for n in kw["node_counts"] + kw["shard_counts"]) or any(b < 0 for b in kw["batch_sizes"]):
+        _fail(ValueError("--nodes and --shards take positive integers, --batch-sizes non-negative ones"))
+    params = mod.ScalingParams(
+        nodes=kw["node_counts"], shards=kw["shard_counts"], batch_sizes=kw["batch_sizes"],
+        sweeps=tuple(s.strip() for s in kw["sweeps"].split(",") if s.strip()), pods=kw["pods"],
+        batch_pods=kw["batch_pods"], base_nodes=kw["base_nodes"], base_shards=kw["base_shards"],
+        max_batch_size=kw["max_batch_size"], seed=kw["seed"], timeout_s=kw["timeout_s"], config_path=kw["config_path"])
+    host = machine()
+    try:
+        with Progress("scaling", quiet=kw["quiet"]) as progress:
+            points = mod.run(params, progress)
+    except (ConfigError, ValueError) as e:
+        _fail(e)
+    _emit(kw, mod.to_json(points, params, host), mod.markdown(points), lambda: mod.plot(points, kw["plot_dir"]))

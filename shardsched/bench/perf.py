@@ -1,0 +1,681 @@
+"""``bench perf``: kube-scheduler's scheduler_perf workloads on the embedded simulated cluster.
+
+The workloads are read from upstream's ``*/performance-config.yaml`` files and templates (a copy
+lives in ``../shared/data/scheduler_perf``, see its README): each test case is a list of ops
+(``createNodes``, ``createPods``, ``churn``, ...) whose counts come from a workload's ``params``;
+``threshold`` is the pods/s upstream expects of kube-scheduler on that workload. The op semantics
+follow upstream's ``scheduler_perf.go``:
+
+- ``createNodes``: nodes stamped from a template (``generateName`` + index; ``{{.Index}}`` replaced;
+  ``node-default.yaml`` when none is named, as upstream's base node),
+  ``status.allocatable`` defaulted to ``capacity`` as the API server's ``SetDefaults_NodeStatus``
+  does, and ``labelNodePrepareStrategy`` (a label value drawn at random from the list);
+- ``createPods`` (``pod-default.yaml`` when no template is named, as upstream's base pod) before
+  the measured op (the *init pods*): placed here with the decision path
+  (`GenericScheduler` over the workload's nodes, the same profile) and created already bound.
+  Upstream has kube-scheduler schedule them without measuring; the cluster they leave is the same;
+- the ``createPods`` op with ``collectMetrics``: the measured pods, all created in one call once
+  the init pods exist; throughput = measured pods bound / (last bind - their creation), and the
+  latencies are creation -> bound;
+- ``churn``: started with the measured pods and stopped when they are all bound (upstream stops it
+  at the end of the workload): ``create`` makes one object per template every interval,
+  ``recreate`` replaces the previous one (delete, then create);
+- ``createNamespaces`` and ``barrier``: nothing to do here (the simulated cluster needs no
+  namespace objects; ops already run in order).
+
+What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
+and pods that need plugins shardsched does not implement (InterPodAffinity, PodTopologySpread,
+SchedulingGates, volumes, DynamicResources, DefaultPreemption when the workload depends on it). A
+workload that runs but has a part ignored is marked ``partial`` with a note (topology spread
+constraints, Services in churn). Workloads that differ from another one only by kube-scheduler
+feature gates (same ops and params) are the same workload here and run once.
+
+One workload is not in the local copy: ``HostPortConflict`` from upstream's
+``batching/performance-config.yaml`` (the only user of ``pod-hostport-80.yaml``; no threshold
+upstream); it is defined below in upstream's format and read by the same code.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_early, fmt_bytes, fmt_rate, fmt_s,
+                                      markdown_table, run_embedded)
+from shardsched.cache.node_table import NodeTable
+from shardsched.config import SchedulerConfiguration, load_config
+from shardsched.scheduler.whatif import build_schedulers
+from shardsched.sharding.shard import ShardOptions
+from shardsched.sim.workload import PAUSE_IMAGE
+
+#: where the copy of upstream's scheduler_perf data lives, relative to the repository's parent
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "scheduler_perf"
+DATA_DIR_ENV = "SHARDSCHED_SCHEDULER_PERF_DIR"
+
+#: upstream test/integration/scheduler_perf/batching/performance-config.yaml (commit d7ce957d),
+#: HostPortConflict only (its other case, ResourceSaturation, needs pod-saturation.yaml at 20,000
+#: nodes and adds nothing the basic workloads lack); not in the local copy, so written out here.
+#: Its scheduler config (no topology plugins) changes nothing for shardsched, which has none.
+BATCHING_CONFIG = """
+- name: HostPortConflict
+  defaultPodTemplatePath: ../templates/pod-hostport-80.yaml
+  workloadTemplate:
+  - opcode: createNodes
+    countParam: $initNodes
+    nodeTemplatePath: ../templates/node-default.yaml
+  - opcode: createPods
+    countParam: $measurePods
+    collectMetrics: true
+  workloads:
+  - name: 10Nodes_10Pods
+    labels: [integration-test, short]
+    params:
+      initNodes: 10
+      measurePods: 10
+  - name: 20000Nodes_20000Pods
+    labels: [performance]
+    params:
+      initNodes: 20000
+      measurePods: 20000
+"""
+
+#: the workloads issue 6 asks for (performance sizes); ``bench perf`` runs these by default
+DEFAULT_WORKLOADS = (
+    "SchedulingBasic/5000Nodes_10000Pods",
+    "SchedulingBasic/5000Nodes_50000Pods",
+    "SchedulingNodeAffinity/5000Nodes_10000Pods",
+    "SchedulingWithNodeInclusionPolicy/5000Nodes",
+    "Unschedulable/5kNodes/100Init/10kPods",
+    "Unschedulable/5kNodes/20kInit/10kPods",
+    "SchedulingWithMixedChurn/5000Nodes_10000Pods",
+    "SchedulingWithExtendedResource/5000pods_5000nodes",
+    "HostPortConflict/20000Nodes_20000Pods",
+)
+
+#: test cases whose measured pods only make sense with preemption (not detectable from the pod
+#: spec alone: it is the priority and size relative to the init pods)
+NEEDS_PREEMPTION = {"PreemptionBasic", "PreemptionAsync"}
+
+RUN, PARTIAL, SKIP = "run", "partial", "skipped"
+_OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier"}
+_CREATE_NODES_KEYS = {"opcode", "count", "countParam", "nodeTemplatePath", "labelNodePrepareStrategy"}
+_CREATE_PODS_KEYS = {"opcode", "count", "countParam", "podTemplatePath", "collectMetrics", "namespace",
+                     "skipWaitToCompletion", "signatureBatchSizeParam"}
+_CHURN_KEYS = {"opcode", "mode", "templatePaths", "intervalMilliseconds", "number", "namespace"}
+_INDEX = "{{.Index}}"
+
+
+# ------------------------------------------------------------------------------------ reading
+
+@dataclass
+class TestCase:
+    name: str
+    base: Path  # folder the template paths are relative to
+    source: str
+    default_pod_template: str | None
+    ops: list[dict]
+    workloads: list[dict]
+
+
+@dataclass
+class Workload:
+    case: TestCase
+    name: str
+    params: dict[str, Any]
+    threshold: float | None
+    labels: list[str]
+    feature_gates: dict[str, Any]
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.case.name}/{self.name}"
+
+
+def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """The scheduler_perf folder: ``path``, else ``$SHARDSCHED_SCHEDULER_PERF_DIR``, else
+    ``<repo>/../shared/data/scheduler_perf``."""
+    return Path(path or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
+
+
+def load_workloads(directory: str | os.PathLike[str] | None = None) -> list[Workload]:
+    """Every workload of every ``*/performance-config.yaml`` under the folder, plus `BATCHING_CONFIG`.
+
+    Raises:
+        FileNotFoundError: no performance-config.yaml under the folder.
+    """
+    root = data_dir(directory)
+    files = sorted(root.glob("*/performance-config.yaml"))
+    if not files:
+        raise FileNotFoundError(f"no */performance-config.yaml under {root} (set --data-dir or ${DATA_DIR_ENV})")
+    sources = [(f.parent, str(f.relative_to(root)), f.read_text(encoding="utf-8")) for f in files]
+    sources.append((root / "batching", "batching/performance-config.yaml (upstream, built in)", BATCHING_CONFIG))
+    out: list[Workload] = []
+    for base, source, text in sources:
+        for raw in yaml.load(text, Loader=_Loader) or []:
+            case = TestCase(raw["name"], base, source, raw.get("defaultPodTemplatePath"),
+                            list(raw.get("workloadTemplate") or []), list(raw.get("workloads") or []))
+            gates = dict(raw.get("featureGates") or {})
+            for w in case.workloads:
+                out.append(Workload(case, w["name"], dict(w.get("params") or {}), w.get("threshold"),
+                                    list(w.get("labels") or []), {**gates, **(w.get("featureGates") or {})}))
+    return out
+
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def select(workloads: list[Workload], patterns: list[str] | None) -> list[Workload]:
+    """Workloads whose full name matches one of the glob ``patterns`` (default: `DEFAULT_WORKLOADS`),
+    in the order of the patterns. Raises ValueError when a pattern matches nothing."""
+    patterns = list(patterns or DEFAULT_WORKLOADS)
+    out: list[Workload] = []
+    for pat in patterns:
+        hits = [w for w in workloads if fnmatch.fnmatchcase(w.full_name, pat) and w not in out]
+        if not hits and not any(fnmatch.fnmatchcase(w.full_name, pat) for w in workloads):
+            raise ValueError(f"no scheduler_perf workload matches {pat!r} (see `shardsched bench perf --list`)")
+        out.extend(hits)
+    return out
+
+
+# ---------------------------------------------------------------------------------- templates
+
+class _Templates:
+    """Template files read once; objects stamped per index."""
+
+    def __init__(self) -> None:
+        self._text: dict[Path, str] = {}
+        self._parsed: dict[Path, dict] = {}
+
+    def path(self, base: Path, rel: str) -> Path:
+        return Path(os.path.normpath(base / rel))
+
+    def get(self, path: Path) -> dict:
+        if path not in self._parsed:
+            self._text[path] = path.read_text(encoding="utf-8")
+            self._parsed[path] = yaml.load(self._text[path].replace(_INDEX, "0"), Loader=_Loader) or {}
+        return self._parsed[path]
+
+    def stamp(self, path: Path, index: int) -> dict:
+        """A fresh object from the template, ``{{.Index}}`` replaced by ``index``."""
+        self.get(path)
+        text = self._text[path]
+        if _INDEX in text:
+            return yaml.load(text.replace(_INDEX, str(index)), Loader=_Loader)
+        return _copy(self._parsed[path])
+
+
+def _copy(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_copy(v) for v in obj]
+    return obj
+
+
+def _count(op: dict, params: dict) -> int:
+    if "countParam" in op:
+        return int(params[op["countParam"].lstrip("$")])
+    return int(op.get("count", 0))
+
+
+def _name(obj: dict, fallback: str, index: int) -> None:
+    meta = obj.setdefault("metadata", {})
+    if not meta.get("name"):
+        meta["name"] = f"{meta.pop('generateName', fallback)}{index}"
+    meta.pop("generateName", None)
+
+
+def _node(obj: dict, index: int, prefix: str) -> dict:
+    _name(obj, prefix, index)
+    status = obj.setdefault("status", {})
+    if not status.get("allocatable") and status.get("capacity"):
+        status["allocatable"] = dict(status["capacity"])  # the API server's SetDefaults_NodeStatus
+    return obj
+
+
+# ---------------------------------------------------------------------------------- the plan
+
+@dataclass
+class Churn:
+    """A churn op: ``templates`` of (kind, path); ``number`` = recreate slots (0 = unbounded create)."""
+
+    mode: str
+    interval_s: float
+    number: int
+    templates: list[tuple[str, Path]]
+    namespace: str
+
+
+@dataclass
+class Plan:
+    """A workload made concrete (objects not yet created)."""
+
+    workload: Workload
+    status: str = RUN
+    reasons: list[str] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+    init_pods: list[dict] = field(default_factory=list)
+    measured: list[dict] = field(default_factory=list)
+    churn: list[Churn] = field(default_factory=list)
+
+
+def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
+    """(reasons to skip, reasons for partial) of a pod template."""
+    spec = pod.get("spec") or {}
+    skip, partial = [], []
+    affinity = spec.get("affinity") or {}
+    if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
+        skip.append("pod affinity/anti-affinity needs InterPodAffinity (not implemented)")
+    if spec.get("schedulingGates"):
+        skip.append("scheduling gates need SchedulingGates (not implemented)")
+    if spec.get("resourceClaims"):
+        skip.append("resource claims need DynamicResources (not implemented)")
+    for v in spec.get("volumes") or []:
+        if any(k in v for k in ("persistentVolumeClaim", "ephemeral", "csi")):
+            skip.append("persistent volumes need the volume plugins (not implemented)")
+            break
+    if spec.get("topologySpreadConstraints"):
+        partial.append("topologySpreadConstraints ignored: PodTopologySpread is not implemented")
+    return skip, partial
+
+
+def plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int = 0, build: bool = True) -> Plan:
+    """Interpret the workload's ops (see module docstring). With ``build`` False only classify
+    (no objects are made: `--list`). A template file that cannot be read skips the workload."""
+    try:
+        return _plan(w, templates, scheduler_name, seed, build)
+    except OSError as e:
+        return Plan(w, SKIP, [f"template not readable: {e.filename or e}"])
+
+
+def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, build: bool) -> Plan:
+    p = Plan(w)
+    rng = random.Random(seed)
+    skip: list[str] = []
+    partial: list[str] = []
+    measured_seen = False
+    if w.case.name in NEEDS_PREEMPTION:
+        skip.append("the measured pods need preemption (DefaultPreemption is not implemented)")
+    for i, op in enumerate(w.case.ops):
+        code = op.get("opcode")
+        if code not in _OPS:
+            skip.append(f"op {code} is not supported by this runner")
+            continue
+        if code in ("createNamespaces", "barrier"):
+            continue
+        if code == "createNodes":
+            extra = set(op) - _CREATE_NODES_KEYS
+            if extra:
+                skip.append(f"createNodes option(s) {', '.join(sorted(extra))} not supported")
+                continue
+            path = templates.path(w.case.base, op.get("nodeTemplatePath") or "../templates/node-default.yaml")
+            label = op.get("labelNodePrepareStrategy")
+            if build:
+                start = len(p.nodes)
+                for k in range(_count(op, w.params)):
+                    node = _node(templates.stamp(path, k), start + k, "node-")
+                    if label:  # upstream LabelNodePrepareStrategy: a random value of the list
+                        node["metadata"]["labels"] = {label["labelKey"]: rng.choice(label["labelValues"])}
+                    p.nodes.append(node)
+            continue
+        if code == "churn":
+            extra = set(op) - _CHURN_KEYS
+            if extra or op.get("mode") not in ("create", "recreate"):
+                skip.append(f"churn mode {op.get('mode')} / option(s) {', '.join(sorted(extra))} not supported")
+                continue
+            kinds = []
+            for rel in op.get("templatePaths") or []:
+                path = templates.path(w.case.base, rel)
+                kind = templates.get(path).get("kind")
+                if kind == "Pod":
+                    s, pt = _pod_problems(templates.get(path))
+                    skip += s
+                    partial += pt
+                elif kind != "Node":
+                    partial.append(f"{kind} churn not modelled (it only matters to plugins shardsched does not have)")
+                    continue
+                kinds.append((kind, path))
+            p.churn.append(Churn(op["mode"], float(op.get("intervalMilliseconds", 500)) / 1000,
+                                 int(op.get("number", 0)), kinds, op.get("namespace") or f"namespace-{i}"))
+            continue
+        # createPods
+        extra = set(op) - _CREATE_PODS_KEYS
+        if extra:
+            skip.append(f"createPods option(s) {', '.join(sorted(extra))} not supported")
+            continue
+        # upstream falls back to makeBasePod(), which is pod-default.yaml
+        rel = op.get("podTemplatePath") or w.case.default_pod_template or "../templates/pod-default.yaml"
+        path = templates.path(w.case.base, rel)
+        s, pt = _pod_problems(templates.get(path))
+        skip += s
+        partial += pt
+        if measured_seen:
+            skip.append("pods created after the measured ones are not supported by this runner")
+            continue
+        measured = bool(op.get("collectMetrics"))
+        measured_seen = measured
+        if build and not skip:
+            ns = op.get("namespace") or f"namespace-{i}"
+            target = p.measured if measured else p.init_pods
+            start = len(p.init_pods) + len(p.measured)
+            for k in range(_count(op, w.params)):
+                pod = templates.stamp(path, k)
+                _name(pod, "pod-", start + k)
+                pod["metadata"]["namespace"] = ns
+                pod.setdefault("spec", {}).setdefault("schedulerName", scheduler_name)
+                target.append(pod)
+    if not measured_seen and not skip:
+        skip.append("no createPods op with collectMetrics")
+    p.reasons = list(dict.fromkeys(skip or partial))
+    p.status = SKIP if skip else PARTIAL if partial else RUN
+    return p
+
+
+def duplicates(workloads: list[Workload]) -> dict[str, str]:
+    """full name -> the first workload of its test case with the same params (feature-gate variants)."""
+    first: dict[tuple[str, str], str] = {}
+    out = {}
+    for w in workloads:
+        key = (w.case.source + w.case.name, repr(sorted(w.params.items())))
+        if key in first:
+            out[w.full_name] = first[key]
+        else:
+            first[key] = w.full_name
+    return out
+
+
+def catalog(workloads: list[Workload], scheduler_name: str = "default-scheduler") -> list[dict[str, Any]]:
+    """Status of every workload without building it (for ``--list`` and the skipped section)."""
+    templates = _Templates()
+    dup = duplicates(workloads)
+    out = []
+    for w in workloads:
+        if w.full_name in dup:
+            status, reasons = SKIP, [f"same ops and params as {dup[w.full_name]} (differs only in kube feature gates)"]
+        else:
+            p = plan(w, templates, scheduler_name, build=False)
+            status, reasons = p.status, p.reasons
+        out.append({"workload": w.full_name, "source": w.case.source, "threshold": w.threshold, "labels": w.labels,
+                    "params": w.params, "status": status, "reasons": reasons})
+    return out
+
+
+# ---------------------------------------------------------------------------------- running
+
+def place_init_pods(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int) -> int:
+    """Bind the init pods in place (``spec.nodeName``) with the decision path over ``nodes``; returns
+    how many did not fit (left unbound: they would stay pending upstream too)."""
+    table = NodeTable(len(nodes))
+    table.add_nodes(NodeInfo.from_object(n) for n in nodes)
+    schedulers = build_schedulers(config, table, seed)
+    default = next(iter(schedulers.values()))
+    missed = 0
+    for pod in pods:
+        info = PodInfo.from_object(pod)
+        result = schedulers.get(info.scheduler_name, default).schedule(info)
+        if result.node is None:
+            missed += 1
+        else:
+            pod["spec"]["nodeName"] = result.node
+    return missed
+
+
+def _sentinel(node: str, scheduler_name: str) -> dict:
+    """A pod without requests, created bound to ``node``: the feeder's harmless last step."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bench-feeder-end", "namespace": "default"},
+            "spec": {"nodeName": node, "schedulerName": scheduler_name,
+                     "containers": [{"name": "pause", "image": PAUSE_IMAGE}]}}
+
+
+class _ChurnDriver:
+    """Runs the churn ops from the embedded run's progress callback (about 4 calls a second) until
+    the measured pods are all bound; talks to the simulated cluster actor.
+
+    Calls are fired without waiting (the callback runs inside the runtime's follow loop, which it
+    must not slow down); their answers are collected on later ticks and at `drain`, and errors
+    (a delete of an object already gone) are ignored. A recreate deletes the object made one
+    interval earlier in its slot, so the two calls of a slot never race."""
+
+    def __init__(self, churns: list[Churn], templates: _Templates, scheduler_name: str, measured: int) -> None:
+        self.churns = churns
+        self.templates = templates
+        self.scheduler_name = scheduler_name
+        self.measured = measured
+        self.t0: float | None = None
+        self.ticks = [0] * len(churns)
+        self.slots: list[dict[int, tuple[str, str, str]]] = [{} for _ in churns]  # recreate: slot -> (kind, ns, name)
+        self.created = 0
+        self.stopped = False
+        self._seq = 0
+        self._inflight: list[Any] = []
+
+    def tick(self, cluster: Any, now: float, bound: int) -> None:
+        self._collect(0.0)
+        if self.stopped or not self.churns:
+            return
+        if bound >= self.measured:
+            self.stopped = True
+            return
+        if self.t0 is None:
+            self.t0 = now
+        for ci, churn in enumerate(self.churns):
+            # one round at once, then one per interval (upstream's churn op starts before the measured
+            # pods are created, so its first tick comes before or with them)
+            due = int((now - self.t0) / churn.interval_s) + 1
+            if churn.mode == "create" and churn.number:
+                due = min(due, churn.number)
+            while self.ticks[ci] < due:
+                for kind, path in churn.templates:
+                    slot = (self.ticks[ci] % churn.number) if churn.mode == "recreate" and churn.number else None
+                    old = self.slots[ci].pop(slot, None) if slot is not None else None
+                    if old is not None:
+                        self._inflight.append(cluster.delete_node.remote(old[2]) if old[0] == "Node"
+                                              else cluster.delete_pod.remote(old[1], old[2]))
+                    obj = self._object(kind, path, churn.namespace)
+                    meta = obj["metadata"]
+                    self._inflight.append(cluster.create_nodes.remote([obj]) if kind == "Node"
+                                          else cluster.create_pods.remote([obj]))
+                    if slot is not None:
+                        self.slots[ci][slot] = (kind, meta.get("namespace", ""), meta["name"])
+                    self.created += 1
+                self.ticks[ci] += 1
+
+    def drain(self) -> None:
+        """Collect the answers of the calls still in flight (at the end of the run)."""
+        self._collect(10.0)
+
+    def _collect(self, timeout_s: float) -> None:
+        import ray
+
+        if not self._inflight:
+            return
+        ready, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001 - NotFound and friends: churn goes on
+                pass
+        self._inflight = [] if timeout_s else self._inflight
+
+    def _object(self, kind: str, path: Path, namespace: str) -> dict:
+        self._seq += 1
+        obj = self.templates.stamp(path, self._seq)
+        if kind == "Node":
+            return _node(obj, self._seq, "node-churn-")
+        _name(obj, "churn-pod-", self._seq)
+        obj["metadata"]["namespace"] = namespace
+        obj.setdefault("spec", {}).setdefault("schedulerName", self.scheduler_name)
+        return obj
+
+
+@dataclass
+class PerfParams:
+    workloads: list[str] | None = None  # glob patterns; None = DEFAULT_WORKLOADS
+    data_dir: str | None = None
+    shards: int = 2
+    batch_size: int = 0
+    max_batch_size: int = 1000
+    seed: int = 0
+    timeout_s: float = 900.0
+    config_path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workloads": self.workloads or list(DEFAULT_WORKLOADS), "data_dir": str(data_dir(self.data_dir)),
+                "shards": self.shards, "batch_size": self.batch_size, "max_batch_size": self.max_batch_size,
+                "seed": self.seed, "config": self.config_path}
+
+
+@dataclass
+class PerfResult:
+    """One selected workload: run (``measurement`` set) or skipped (``reasons``)."""
+
+    workload: Workload
+    status: str
+    reasons: list[str]
+    nodes: int = 0
+    init_pods: int = 0
+    init_unplaced: int = 0
+    churn_objects: int = 0
+    measurement: Measurement | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.measurement
+        thr = self.workload.threshold
+        return {"workload": self.workload.full_name, "source": self.workload.case.source, "status": self.status,
+                "reasons": self.reasons, "threshold_pods_per_s": thr, "nodes": self.nodes, "init_pods": self.init_pods,
+                "init_pods_unplaced": self.init_unplaced, "churn_objects": self.churn_objects,
+                "vs_threshold": round(m.throughput_pods_per_s / thr, 3) if m and thr else None,
+                "result": m.to_json() if m else None}
+
+
+def run(params: PerfParams, progress: Progress | None = None) -> tuple[list[PerfResult], list[dict]]:
+    """Run the selected workloads; returns their results and the catalog of every workload (status
+    and reasons, for the skipped section).
+
+    Raises:
+        FileNotFoundError: no scheduler_perf data. ValueError: a pattern matches nothing.
+        ConfigError: an invalid ``config_path``.
+    """
+    config = load_config(params.config_path)
+    scheduler_name = config.profiles[0].scheduler_name
+    everything = load_workloads(params.data_dir)
+    chosen = select(everything, params.workloads)
+    cat = catalog(everything, scheduler_name)
+    status_of = {c["workload"]: c for c in cat}
+    progress = progress or Progress("perf", quiet=True)
+    templates = _Templates()
+    results: list[PerfResult] = []
+    with RaySession() as ray_session:
+        for w in chosen:
+            entry = status_of[w.full_name]
+            if entry["status"] == SKIP:
+                results.append(PerfResult(w, SKIP, entry["reasons"]))
+                progress.note(f"{w.full_name}: skipped: {'; '.join(entry['reasons'])}")
+                continue
+            results.append(_run_one(w, config, templates, params, ray_session, progress))
+    return results, cat
+
+
+def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates, params: PerfParams,
+             ray_session: RaySession, progress: Progress) -> PerfResult:
+    scheduler_name = config.profiles[0].scheduler_name
+    p = plan(w, templates, scheduler_name, params.seed)
+    unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed)
+    init = [pod for pod in p.init_pods if pod["spec"].get("nodeName")]
+    # init pods at t=0, the measured ones in one later call (the runtime's timed feeder), so that
+    # they share one creation time and the window is exactly creation -> last bind
+    gap_s = 0.2 + 50e-6 * len(init)
+    # then a harmless last step well after that call (see `harness.ended_early`): without it, the
+    # measured pods' creation may be the feeder's last call and race the runtime's end-of-run check
+    tail_s = gap_s + 1.0 + 200e-6 * len(p.measured)
+    workload = [(0.0, None, pod) for pod in init] + [(gap_s, None, pod) for pod in p.measured]
+    if p.nodes:
+        workload.append((tail_s, None, _sentinel(p.nodes[0]["metadata"]["name"], scheduler_name)))
+    churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured))
+    options = ray_session.options(shards=params.shards, seed=params.seed, timeout_s=params.timeout_s,
+                                  shard_options=ShardOptions(batch_size=params.batch_size,
+                                                             max_batch_size=params.max_batch_size, seed=params.seed))
+
+    def on_progress(run, bound: int, total: int, status: dict) -> None:
+        churn.tick(run.cluster, time.monotonic(), bound)
+        progress.update(bound, f"pending {status['pending']}, unschedulable {status['unschedulable']}")
+
+    progress.start(w.full_name, len(p.measured), f"{len(p.nodes)} nodes, {len(init)} init pods")
+    try:
+        report = run_embedded(config, p.nodes, workload, options, on_progress=on_progress)
+    finally:
+        churn.drain()
+    lat = list(report.latencies_s)
+    window = max(lat) if lat else 0.0
+    data = report.to_json()
+    pending = report.pods_pending
+    m = Measurement(
+        name=w.full_name, pods=len(p.measured), bound=len(lat), latencies_s=lat,
+        throughput_pods_per_s=len(lat) / window if window > 0 else 0.0, cpu_cores=data["cpu_cores_used"],
+        peak_rss_bytes=report.peak_rss_bytes, wall_s=window, cpu_s_by_process=dict(report.cpu_s_by_process),
+        invariants_ok=not (data["overcommitted_nodes"] or data["admission_rejections"] or data["double_binds"]
+                           or data["lost_pods"]),
+        params={"nodes": len(p.nodes), "shards": params.shards, "batch_size": params.batch_size,
+                "unschedulable_at_end": report.pods_unschedulable, "pending_at_end": pending},
+        notes=list(p.reasons), errors=list(report.errors) + ended_early(report))
+    progress.finish(w.full_name, m)
+    return PerfResult(w, p.status, p.reasons, len(p.nodes), len(init), unplaced, churn.created, m)
+
+
+# ------------------------------------------------------------------------------------ output
+
+def to_json(results: list[PerfResult], cat: list[dict], params: PerfParams, machine: dict) -> dict[str, Any]:
+    return {"benchmark": "perf", "machine": machine, "params": params.to_json(),
+            "workloads": [r.to_json() for r in results],
+            "not_run": [c for c in cat if c["status"] == SKIP]}
+
+
+def markdown(results: list[PerfResult], cat: list[dict], params: PerfParams) -> str:
+    body = []
+    for r in results:
+        m = r.measurement
+        thr = r.workload.threshold
+        if m is None:
+            body.append([r.workload.full_name, "", "", "", "skipped", "—", f"{thr:g}" if thr else "—", "", "", "", "",
+                         "; ".join(r.reasons)])
+            continue
+        note = "; ".join(r.reasons + m.errors + ([f"{r.init_unplaced} init pods did not fit"] if r.init_unplaced else [])
+                         + ([f"{r.churn_objects} churn objects"] if r.churn_objects else []))
+        body.append([r.workload.full_name, f"{r.nodes:,}", f"{r.init_pods:,}", f"{m.bound:,}/{m.pods:,}",
+                     r.status, fmt_rate(m.throughput_pods_per_s), f"{thr:g}" if thr else "—",
+                     f"{m.throughput_pods_per_s / thr:.1f}×" if thr else "—", fmt_s(m.avg_latency_s),
+                     fmt_s(m.p99_latency_s), f"{m.cpu_cores:.2f} / {fmt_bytes(m.peak_rss_bytes)}",
+                     ("ok" if m.invariants_ok else "INVARIANT VIOLATED") + (f"; {note}" if note else "")])
+    table = markdown_table(["workload", "nodes", "init pods", "bound/measured", "status", "pods/s", "threshold",
+                            "vs threshold", "avg latency", "P99 latency", "CPU cores / peak memory", "notes"], body)
+    skipped_cases: dict[str, list[str]] = {}
+    for c in cat:
+        if c["status"] == SKIP and not c["reasons"][0].startswith("same ops and params"):
+            case = c["workload"].split("/", 1)[0]
+            skipped_cases.setdefault(f"{case}: {'; '.join(c['reasons'])}", []).append(c["workload"])
+    lines = [f"- {k} ({len(v)} workload{'s' if len(v) > 1 else ''})" for k, v in skipped_cases.items()]
+    variants = sum(1 for c in cat if c["status"] == SKIP and c["reasons"][0].startswith("same ops and params"))
+    return (f"### scheduler_perf workloads ({params.shards} shards, batch "
+            f"{params.batch_size or 'adaptive'}; threshold = upstream's minimum pods/s for kube-scheduler)\n\n{table}\n\n"
+            "Not expressible here (test case: reason):\n\n" + "\n".join(lines)
+            + f"\n\n{variants} further workloads differ from another only in kube-scheduler feature gates.\n")
+
+
+def plot(results: list[PerfResult], directory: str) -> list[str]:
+    from shardsched.bench.plots import bars
+
+    ran = [r for r in results if r.measurement is not None]
+    if not ran:
+        return []
+    return [bars(f"{directory}/perf-throughput.png", [r.workload.full_name for r in ran],
+                 [r.measurement.throughput_pods_per_s for r in ran], "pods/s",
+                 "scheduler_perf workloads: shardsched (bars) vs upstream threshold (ticks)",
+                 reference=[r.workload.threshold for r in ran], reference_label="upstream threshold")]

@@ -1,0 +1,152 @@
+"""Smoke tests of ``shardsched bench field|perf|scaling`` at tiny sizes: every row runs, every pod is
+bound, the invariants hold, and the JSON is well formed. No timing assertions: the figures are the
+benchmark's business (docs/benchmarks.md), not the tests'."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from shardsched.bench import field, kubelike, perf, scaling
+from shardsched.bench.harness import machine, parse_int_list
+from shardsched.cli.main import cli
+from shardsched.config import load_config
+
+PERF_DATA = perf.data_dir()
+needs_perf_data = pytest.mark.skipif(not PERF_DATA.is_dir(), reason=f"scheduler_perf data not found at {PERF_DATA} "
+                                     f"(set ${perf.DATA_DIR_ENV})")
+
+
+def _roundtrip(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+# ------------------------------------------------------------------------------------ no Ray
+
+@pytest.mark.parametrize("text, expected", [
+    ("1k,5k,20k,50k", [1000, 5000, 20000, 50000]),
+    ("1, 2 ,4", [1, 2, 4]),
+    ("0", [0]),
+    ("1.5k", [1500]),
+], ids=["thousands", "spaces", "zero", "fraction"])
+def test_int_lists(text, expected):
+    assert parse_int_list(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a,b", ","], ids=["empty", "letters", "only-comma"])
+def test_int_lists_reject_garbage(text):
+    with pytest.raises(ValueError):
+        parse_int_list(text)
+
+
+CONFIG_WITH_PERCENTAGE = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+percentageOfNodesToScore: 70
+profiles:
+- schedulerName: a
+- schedulerName: b
+  percentageOfNodesToScore: 30
+"""
+
+
+@pytest.mark.parametrize("source", [None, CONFIG_WITH_PERCENTAGE], ids=["defaults", "percentages-set"])
+def test_kube_like_always_uses_the_adaptive_percentage(source):
+    config = kubelike.kube_like_config(load_config(source))
+    assert config.percentage_of_nodes_to_score == 0
+    assert {p.percentage_of_nodes_to_score for p in config.profiles} == {0}
+
+
+@needs_perf_data
+@pytest.mark.parametrize("workload, status, reason", [
+    ("SchedulingBasic/5000Nodes_10000Pods", perf.RUN, None),
+    ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.PARTIAL, "PodTopologySpread"),
+    ("SchedulingWithMixedChurn/5000Nodes_10000Pods", perf.PARTIAL, "Service churn"),
+    ("SchedulingPodAffinity/5000Nodes_5000Pods", perf.SKIP, "InterPodAffinity"),
+    ("PreemptionBasic/1000Nodes", perf.SKIP, "preemption"),
+    ("SchedulingDeletedPodsWithFinalizers/5000Node_5000DeletingPods", perf.SKIP, "deletePods"),
+    ("SchedulingBasic/5000Nodes_50000Pods_AsyncAPICallsEnabled", perf.SKIP, "feature gates"),
+], ids=["basic", "inclusion-policy", "mixed-churn", "pod-affinity", "preemption", "delete-op", "gate-variant"])
+def test_perf_catalog_says_what_runs_and_why_not(workload, status, reason):
+    entry = next(c for c in perf.catalog(perf.load_workloads()) if c["workload"] == workload)
+    assert entry["status"] == status
+    if reason:
+        assert reason in "; ".join(entry["reasons"])
+
+
+@needs_perf_data
+def test_perf_plan_stamps_templates_and_defaults_allocatable():
+    w = next(w for w in perf.load_workloads() if w.full_name == "SchedulingWithExtendedResource/fast")
+    p = perf.plan(w, perf._Templates(), "default-scheduler")
+    assert len(p.nodes) == 11 and len(p.measured) == 10 and not p.init_pods
+    assert len({n["metadata"]["name"] for n in p.nodes}) == 11
+    extended = [n for n in p.nodes if "node-with-extended-resource" in n["metadata"].get("labels", {})]
+    assert extended[3]["status"]["allocatable"]["foo.com/bar-3"] == 1
+    assert p.measured[3]["spec"]["containers"][0]["resources"]["requests"] == {"foo.com/bar-3": 1}
+
+
+# ------------------------------------------------------------------------------------ with Ray
+
+def test_field_every_row_runs(ray_session, tmp_path):
+    # 120 nodes: enough for kube's adaptive rule to sample (100 of 120 nodes), so kube-like takes
+    # the sampled path as it does at 5,000 nodes
+    params = field.FieldParams(nodes=120, pods=40, timeout_s=120)
+    rows = field.run(params)
+    assert [r.name for r in rows] == ["kube-like", "single", "batch-10", "batch-auto", "shards-1", "shards-2", "shards-4"]
+    for r in rows:
+        assert r.bound == r.pods == 40, r.name
+        assert r.invariants_ok and not r.errors, (r.name, r.errors)
+        assert len(r.latencies_s) == 40
+    kube = rows[0]
+    assert kube.params["sampled_path"] and kube.params["signature_cache_entries"] == 0
+    data = _roundtrip(field.to_json(rows, params, machine()))
+    assert data["benchmark"] == "field" and len(data["rows"]) == 7
+    for row in data["rows"]:
+        assert {"avg_latency_s", "p99_latency_s", "throughput_pods_per_s", "cpu_cores", "peak_rss_bytes",
+                "vs_kube_like"} <= set(row)
+    assert data["rows"][0]["field_report"]["throughput_pods_per_s"] == 8
+    text = field.markdown(rows, params)
+    assert all(f"**{r.name}**" in text for r in rows)
+    paths = field.plot(rows, params, str(tmp_path))
+    assert paths == [str(tmp_path / "field-throughput.png"), str(tmp_path / "field-p99.png")]
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("field-throughput.png", "field-p99.png"))
+
+
+@needs_perf_data
+def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
+    params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
+                                        "PreemptionBasic/5Nodes"], timeout_s=120)
+    results, cat = perf.run(params)
+    basic, unsched, preempt = results
+    for r, init in ((basic, 5), (unsched, 1)):
+        m = r.measurement
+        assert r.status == perf.RUN and r.init_pods == init and r.nodes == 5
+        assert m.bound == m.pods == 10 and m.invariants_ok and not m.errors
+    assert preempt.status == perf.SKIP and preempt.measurement is None
+    data = _roundtrip(perf.to_json(results, cat, params, machine()))
+    assert [w["status"] for w in data["workloads"]] == ["run", "run", "skipped"]
+    assert any(c["workload"].startswith("SchedulingPodAffinity/") for c in data["not_run"])
+    assert "PreemptionBasic" in perf.markdown(results, cat, params)
+    assert perf.plot(results, str(tmp_path)) == [str(tmp_path / "perf-throughput.png")]
+
+
+def test_scaling_runs_one_point_per_sweep(ray_session, tmp_path):
+    params = scaling.ScalingParams(nodes=[30], shards=[2], batch_sizes=[10], pods=30, batch_pods=20, base_nodes=30,
+                                   timeout_s=120)
+    points = scaling.run(params)
+    assert [(p.sweep, p.x) for p in points] == [("nodes", 30), ("shards", 2), ("batch", 10)]
+    for p in points:
+        assert p.measurement.bound == p.measurement.pods and p.measurement.invariants_ok
+    data = _roundtrip(scaling.to_json(points, params, machine()))
+    assert len(data["points"]) == 3 and data["points"][2]["params"]["batch_size"] == 10
+    assert len(scaling.plot(points, str(tmp_path))) == 3
+
+
+@needs_perf_data
+def test_cli_perf_list_is_json():
+    result = CliRunner().invoke(cli, ["bench", "perf", "--list", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.output)
+    assert {e["status"] for e in entries} == {"run", "partial", "skipped"}
