@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 
 import click
@@ -93,7 +95,8 @@ def run(**kw) -> None:
     )
     show_progress = kw["output"] == "table" and sys.stderr.isatty()
     try:
-        report = _execute(EmbeddedRun, config, nodes, workload, options, show_progress)
+        with _stdout_to_stderr(kw["output"] == "json"):
+            report = _execute(EmbeddedRun, config, nodes, workload, options, show_progress)
     except RunError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -106,6 +109,24 @@ def run(**kw) -> None:
     data = report.to_json()
     if data["overcommitted_nodes"] or data["admission_rejections"] or data["double_binds"] or data["lost_pods"]:
         sys.exit(3)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """While running, send everything written to file descriptor 1 (Ray forwards its workers' and
+    raylet's messages there) to stderr, so that ``-o json`` leaves only the JSON on stdout."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _workload(kw, scheduler_name: str):

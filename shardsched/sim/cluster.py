@@ -247,16 +247,20 @@ class SimCluster:
         priority_classes: PriorityClass name -> value, besides the built-in system classes; a pod's
             ``priorityClassName`` is resolved into ``spec.priority`` on create (the Priority
             admission plugin).
+        copy_inputs: deep-copy objects given to ``create_*`` (False only where the caller never
+            reuses them, e.g. inside a Ray actor, whose arguments are private deserialized copies).
 
     Raises:
         ValueError: ``history_limit`` < 1.
     """
 
     def __init__(self, seed: int = 0, faults: FaultConfig | None = None, history_limit: int = 100_000,
-                 priority_classes: Mapping[str, int] | None = None) -> None:
+                 priority_classes: Mapping[str, int] | None = None, copy_inputs: bool = True) -> None:
         if history_limit < 1:
             raise ValueError("history_limit must be >= 1")
         self._lock = threading.Lock()
+        #: copy objects passed to create_*; a Ray actor gets private deserialized copies already
+        self._copy_inputs = copy_inputs
         self._faults = faults or FaultConfig()
         self._rng = random.Random(seed)
         self._uid_rng = random.Random(f"uid-{seed}")
@@ -639,7 +643,7 @@ class SimCluster:
         """Copy, default and validate a pod outside the lock: (key, pod, requests)."""
         meta = None
         try:
-            pod = _copy_tree(as_dict(obj))
+            pod = _copy_tree(as_dict(obj)) if self._copy_inputs else dict(as_dict(obj))
             meta, spec = pod.get("metadata"), pod.get("spec")
             if isinstance(meta, dict):
                 meta["namespace"] = meta.get("namespace") or "default"
