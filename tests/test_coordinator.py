@@ -109,3 +109,27 @@ def test_a_bind_rejected_because_someone_else_bound_the_pod_ends_with_it(ledger,
     assert world.coordinator.status()["pending"] == 0 and not world.in_shards()
     assert world.cluster.invariants()["binds"] == 1
     assert world.ledger.node_usage("node-00001").used["cpu"] == 1000 and not world.ledger.node_usage("node-00000").used
+
+
+def test_a_pod_the_admission_rejects_at_bind_stops_counting_in_the_ledger_and_the_shard(ledger):
+    """A scheduler that bypasses the ledger takes a node's room between the shard's Reserve and its
+    bind: the shard's pod is bound but the kubelet rejects it (Failed, OutOfcpu), which the watch
+    shows in the same event as the binding. The shard had committed it; once the watch says it is
+    terminal, neither the ledger nor the shard's table may count it (they would drift for ever)."""
+    world = World(ledger, n_nodes=1, shards=1)
+    world.create(4)
+    world.coordinator.poll_watch()  # routed; the shard's view: 4 CPUs free
+    world.cluster.create_pods([{**uniform_pods(1, cpu="1", scheduler_name="rival", prefix="rival-")[0],
+                                "spec": {**uniform_pods(1, cpu="1", scheduler_name="rival")[0]["spec"],
+                                         "nodeName": "node-00000"}}])  # bypass: bound at creation
+    [shard] = world.shards.values()
+    shard.step()  # reserves 4 (the ledger does not know the rival's pod yet), binds 4: 1 rejected
+
+    world.settle()
+
+    inv = world.cluster.invariants()
+    assert inv["admission_rejections"] == 1 and inv["overcommitted_nodes"] == []
+    truth = world.cluster.requested("node-00000")
+    assert truth["cpu"] == 4000 and truth["pods"] == 4
+    assert ledger.node_usage("node-00000").used == truth
+    assert shard.table.requested_of("node-00000")["cpu"] == 4000

@@ -419,6 +419,23 @@ def test_pending_counts_len_contains_done_drain():
     assert len(q) == 0 and q.pop_batch(10) == [] and q.next_ready_in_s() is None
 
 
+def test_drain_part_of_the_queue_keeps_the_pods_popped_next():
+    """What a shard hands back when shards are added: the last pods in ``pods()`` order."""
+    q, _ = make_queue()
+    for i in range(6):
+        q.add(make_pod(f"p{i}", priority=i))
+    batch = q.pop_batch(2)  # p5, p4
+    q.add_unschedulable_if_not_present(batch[0])
+    q.requeue_backoff(batch[1])
+
+    drained = q.drain(max_n=3)
+
+    assert [p.pod_info.name for p in drained] == ["p0", "p4", "p5"]
+    assert q.pending_counts() == {"active": 3, "backoff": 0, "unschedulable": 0, "gated": 0}
+    assert q.drain(max_n=0) == [] and len(q) == 3
+    assert [p.pod_info.name for p in q.pop_batch(10)] == ["p3", "p2", "p1"]
+
+
 def test_next_ready_in_s():
     q, clock = make_queue()
     assert q.next_ready_in_s() is None

@@ -218,14 +218,14 @@ class Deployment:
     into the simulated cluster while they run; killed on exit."""
 
     def __init__(self, redis_url: str, nodes: list[dict], shards: int, faults: FaultConfig | None = None,
-                 shard_options: ShardOptions | None = None) -> None:
+                 shard_options: ShardOptions | None = None, **coordinator_options: Any) -> None:
         import ray
 
         self.ray = ray
         self.cluster = sim_cluster_actor(seed=0, faults=faults)
         self.ask(self.cluster.create_nodes, nodes)
         self.coordinator = coordinator_actor(CONFIG, redis_url, f"test-{uuid.uuid4().hex[:8]}:", self.cluster,
-                                             shards, shard_options or ShardOptions())
+                                             shards, shard_options or ShardOptions(), **coordinator_options)
 
     def __enter__(self) -> "Deployment":
         self.ask(self.coordinator.start)

@@ -436,6 +436,65 @@ def test_a_pod_the_watch_shows_bound_is_not_scheduled_again(ledger):
     assert_ledger_matches_cluster(ledger, cluster)
 
 
+def test_a_pod_leased_by_a_dead_shard_is_bound_as_soon_as_the_lease_expires(ledger):
+    """A crashed shard's lease blocks the pod until it expires (server time). Meanwhile every try is
+    "held elsewhere", which is not a scheduling attempt: the pod is retried after the initial
+    backoff each time instead of backing off exponentially past the lease's expiry (with kube's
+    1 s doubling to 10 s, a 10 s lease could keep it waiting ~18 s; DESIGN.md invariant 4)."""
+    config = load_config("""\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 0.1
+podMaxBackoffSeconds: 5
+profiles:
+- schedulerName: shardsched
+""")
+    cluster = cluster_of(1, 1)
+    publish(ledger, cluster, A)
+    uid = uid_of(cluster, "pod-00000")
+    lease_ttl_s = 1.0
+    assert ledger.acquire_leases([uid], "shard-9@1", int(lease_ttl_s * 1000))  # the dead shard's lease
+    started = time.monotonic()
+    shard = Shard(0, A, config, ledger, cluster, RecordingRebalancer(), ShardOptions(seed=0))
+    shard.set_epoch(EPOCH)
+    shard.apply_nodes(cluster.list_nodes()[0])
+    shard.add_pods([PodInfo.from_object(cluster.get_pod("default", "pod-00000"))])
+
+    drive([shard], all_bound(cluster), timeout_s=10)
+
+    waited = time.monotonic() - started
+    assert shard.stats.lease_busy >= 3
+    assert lease_ttl_s <= waited <= lease_ttl_s + 2 * config.pod_initial_backoff_s + 0.1
+    assert_cluster_safe(cluster)
+
+
+def test_a_shard_stalled_between_reserve_and_bind_past_its_lease_does_not_bind(ledger):
+    """Shard A reserves, then stalls (a GC pause, a frozen process) past its lease TTL; meanwhile
+    another shard takes the pod's lease with a newer token. A must not bind with its stale token:
+    it checks its leases right before binding (renewing them) and rolls the pod back."""
+    cluster = cluster_of(1, 1)
+    publish(ledger, cluster, A)
+    uid = uid_of(cluster, "pod-00000")
+    rebalancer = RecordingRebalancer()
+    taken: dict[str, int] = {}
+
+    class StallAfterReserve(HookedLedger):
+        def reserve(self, *args: Any, **kwargs: Any):
+            results = self._ledger.reserve(*args, **kwargs)
+            time.sleep(0.3)  # past A's lease TTL
+            taken.update(self._ledger.acquire_leases([uid], B, 10_000))  # B now holds the pod
+            return results
+
+    shard = new_shard(StallAfterReserve(ledger, lambda: None), cluster, rebalancer, lease_ttl_ms=200)
+
+    assert shard.step() == 1
+
+    assert taken and cluster.invariants()["binds"] == 0  # no bind under the stale token
+    assert shard.stats.bound == 0 and "default/pod-00000" in shard.pending_keys()  # back in the queue
+    assert_nothing_held(ledger, shard)
+    assert_cluster_safe(cluster)
+
+
 def test_a_lease_lost_before_reserve_does_not_lose_the_pod(ledger):
     """The shard stalls past the lease TTL between its scheduling cycle and Reserve: the ledger
     answers LEASE_LOST. Nobody else has the pod, so it must stay with the shard and bind later."""

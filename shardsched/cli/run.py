@@ -20,6 +20,23 @@ FIELD_REPORT = {
 }
 
 
+def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[float, int]]:
+    """``--scale-at "T:N,T:N"`` -> [(T seconds, N shards)]."""
+    steps = []
+    for part in (value or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            at, n = part.split(":")
+            step = (float(at), int(n))
+        except ValueError:
+            raise click.BadParameter(f"{part.strip()!r} is not T:N (seconds:shards)") from None
+        if step[0] < 0 or not 1 <= step[1] <= 64:
+            raise click.BadParameter(f"{part.strip()!r}: T must be >= 0 and N in [1, 64]")
+        steps.append(step)
+    return steps
+
+
 @click.command()
 @click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True, help="Nodes of the simulated cluster.")
 @click.option("--node-cpu", default="8", show_default=True, help="Allocatable CPU per node.")
@@ -30,6 +47,14 @@ FIELD_REPORT = {
 @click.option("--pod-memory", default="1Gi", show_default=True, help="Memory request per pod.")
 @click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Shard actors (each schedules the pods routed to it on the nodes it owns).")
+@click.option("--scale-at", callback=_parse_scale_at, metavar="T:N[,T:N...]",
+              help="Change the shard count during the run: at T seconds after the workload starts, to N shards "
+                   "(e.g. 2:4,5:2). `shardsched scale --shards N` does the same from another terminal.")
+@click.option("--autoscale", is_flag=True,
+              help="Let the coordinator set the shard count from pending pods per shard and scheduling latency, "
+                   "within --min-shards and --max-shards (--shards is the count at start).")
+@click.option("--min-shards", type=click.IntRange(1, 64), default=1, show_default=True, help="With --autoscale.")
+@click.option("--max-shards", type=click.IntRange(1, 64), default=8, show_default=True, help="With --autoscale.")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
               help="Pods per batch; 0 = adaptive (everything ready, up to --max-batch-size).")
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
@@ -73,12 +98,14 @@ def run(**kw) -> None:
     """
     from shardsched.config import load_config
     from shardsched.sharding.runtime import EmbeddedRun, RunError, RunOptions
+    from shardsched.sharding.scaling import AutoscalerOptions
     from shardsched.sharding.shard import ShardOptions
     from shardsched.sim.cluster import FaultConfig
 
     try:
         config = load_config(kw["config_path"])
         nodes, workload, notes = _workload(kw, config.profiles[0].scheduler_name)
+        autoscaler = AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None
     except (ConfigError, ShardschedError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -92,6 +119,7 @@ def run(**kw) -> None:
         shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"], seed=kw["seed"]),
         redis_url=kw["redis_url"], ray_address=kw["ray_address"], faults=faults, seed=kw["seed"],
         timeout_s=kw["timeout_s"], time_scale=kw["time_scale"], metrics_port=kw["metrics_port"],
+        scale_at=kw["scale_at"], autoscaler=autoscaler,
     )
     show_progress = kw["output"] == "table" and sys.stderr.isatty()
     try:
@@ -192,6 +220,16 @@ def _print_summary(report) -> None:
     console.print(f"invariants: overcommitted nodes {ok(data['overcommitted_nodes'])}   double binds "
                   f"{ok(data['double_binds'])}   lost pods {ok(data['lost_pods'])}   admission rejections "
                   f"{ok(data['admission_rejections'])}")
+    if data["scaling"]:
+        from shardsched.cli.scale import describe
+
+        def rate(x):
+            return "-" if x is None else f"{x:.0f}"
+
+        for step in data["scaling"]:
+            console.print(f"at {step['at_s']:.1f} s: {describe(step)}; pods/s before {rate(step['throughput_before_pods_per_s'])}, "
+                          f"during {rate(step['throughput_during_pods_per_s'])}, after {rate(step['throughput_after_pods_per_s'])}",
+                          highlight=False)
     for reason, n in sorted(data["unschedulable_reasons"].items(), key=lambda kv: -kv[1])[:5]:
         console.print(f"  {n} unschedulable: {reason}")
     for err in data["errors"]:

@@ -119,7 +119,14 @@ def _start_runtime(runtime, cluster_probe, lease_namespace: str | None, state: _
 @click.option("--context", default=None, help="kubeconfig context (default: its current-context).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="KubeSchedulerConfiguration file (profiles; clientConnection; leaderElection).")
-@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shards.")
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Shards (at start; `shardsched scale --shards N` changes it while serving).")
+@click.option("--autoscale", is_flag=True,
+              help="Let the coordinator set the shard count from pending pods per shard and scheduling latency, "
+                   "within --min-shards and --max-shards.")
+@click.option("--min-shards", type=click.IntRange(1, 64), default=1, show_default=True, help="With --autoscale.")
+@click.option("--max-shards", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="With --autoscale; with --shard-cpus 1, at most the CPUs Ray's workers can offer.")
 @click.option("--mode", type=click.Choice(["ray", "threads"]), default="ray", show_default=True,
               help="ray: coordinator and shards as Ray actors; threads: all in this process, no Ray.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one (auto: the local node's).")
@@ -179,11 +186,13 @@ def serve(**kw) -> None:
     from shardsched.kube.client import ClientSpec
     from shardsched.kube.cluster import KubeCluster
     from shardsched.kube.runtime import KubeRuntime, RuntimeOptions
+    from shardsched.sharding.scaling import AutoscalerOptions
     from shardsched.sharding.shard import ShardOptions
 
     try:
         config = load_config(kw["config_path"]) if kw["config_path"] else parse_config(DEFAULT_PROFILE, "<serve default>")
-    except (ConfigError, ShardschedError, OSError) as e:
+        autoscaler = AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None
+    except (ConfigError, ShardschedError, OSError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     cc, le = config.client_connection, config.leader_election
@@ -206,7 +215,7 @@ def serve(**kw) -> None:
                     "every pod that does not name a scheduler")
     options = RuntimeOptions(shards=kw["shards"], mode=kw["mode"], redis_url=kw["redis_url"],
                              ray_address=kw["ray_address"] or None, watch_timeout_s=kw["watch_timeout_s"],
-                             shard_num_cpus=kw["shard_cpus"],
+                             shard_num_cpus=kw["shard_cpus"], autoscaler=autoscaler,
                              shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"]),
                              prefix=f"ss:{lease_name}:{uuid.uuid4().hex[:8]}:")
     state = _State()

@@ -26,6 +26,7 @@ from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.kube.client import ClientSpec
 from shardsched.kube.cluster import KubeCluster
+from shardsched.sharding.scaling import AutoscalerOptions
 from shardsched.sharding.shard import ShardOptions
 from shardsched.store.server import EmbeddedRedis
 
@@ -44,6 +45,8 @@ class RuntimeOptions:
             autoscaler add workers as shards are added.
         watch_timeout_s: server-side timeout of one watch call.
         prefix: Redis key prefix; None = a fresh ``ss:<random>:``.
+        autoscaler: let the coordinator set the shard count (`Coordinator.enable_autoscaler`);
+            ``shards`` is the count at start.
     """
 
     shards: int = 2
@@ -54,6 +57,7 @@ class RuntimeOptions:
     watch_timeout_s: float = 300.0
     prefix: str | None = None
     shard_num_cpus: float = 0.0
+    autoscaler: AutoscalerOptions | None = None
 
 
 class _CoordinatorRef:
@@ -139,6 +143,8 @@ class KubeRuntime:
 
         coordinator = Coordinator(self.config, Ledger(connect(self.redis_url), self.prefix), Remote(self.cluster),
                                   factory, self.options.shards)
+        if self.options.autoscaler is not None:
+            coordinator.enable_autoscaler(self.options.autoscaler)
         ref.coordinator = coordinator
         coordinator.start()
         self.coordinator = coordinator
@@ -150,7 +156,7 @@ class KubeRuntime:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from shardsched.sharding.actors import MAX_CONCURRENCY, CoordinatorHost
+        from shardsched.sharding.actors import COORDINATOR_NAME, CoordinatorHost, named_actor
 
         class KubeCoordinatorHost(CoordinatorHost):
             """The coordinator actor, plus the Kubernetes backend's health and metrics."""
@@ -179,10 +185,11 @@ class KubeRuntime:
             # on this (the head's) node: it declares no CPU, so a worker hosting only it would look idle
             # to Ray's autoscaler and be removed
             here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-            self.coordinator = ray.remote(KubeCoordinatorHost).options(
-                max_concurrency=MAX_CONCURRENCY, num_cpus=0, scheduling_strategy=here).remote(
+            # named, so that `shardsched scale` finds it
+            self.coordinator = named_actor(ray.remote(KubeCoordinatorHost), COORDINATOR_NAME, num_cpus=0,
+                                           scheduling_strategy=here).remote(
                 self.config, self.redis_url, self.prefix, cluster, self.options.shards, self.options.shard_options,
-                self.options.shard_num_cpus)
+                self.options.shard_num_cpus, autoscaler=self.options.autoscaler)
         try:
             ray.get(self.coordinator.start.remote())
         except ray.exceptions.RayTaskError as e:

@@ -93,7 +93,8 @@ class ShardMetrics:
             PREFIX + "ledger_call_duration_seconds", "Latency of Redis ledger calls.", ["op"],
             buckets=EXTENSION_BUCKETS, registry=r)
         self.leases = Counter(
-            PREFIX + "lease_acquire_total", "Pod lease acquisitions, by result (acquired, held_elsewhere).",
+            PREFIX + "lease_acquire_total",
+            "Pod lease acquisitions, by result (acquired, held_elsewhere; lost: gone before binding).",
             ["result"], registry=r)
         self.binds = Counter(
             PREFIX + "bind_total", "Bind calls, by result (ok, conflict, not_found, error).", ["result"], registry=r)

@@ -495,16 +495,27 @@ class SchedulingQueue:
             snapshot = self._snapshot_locked(queue)
         return iter(snapshot)
 
-    def drain(self) -> list[QueuedPodInfo]:
-        """Remove and return every queued pod, in ``pods()`` order (to hand them to another shard).
-        In-flight pods stay tracked: their outcome is still reported to this queue."""
+    def drain(self, max_n: int | None = None) -> list[QueuedPodInfo]:
+        """Remove and return every queued pod, in ``pods()`` order (to hand them to another shard);
+        with ``max_n``, only the last ``max_n`` in that order: unschedulable pods, then backoffQ, then
+        activeQ's tail, so the pods that would be popped next stay. In-flight pods stay tracked:
+        their outcome is still reported to this queue."""
         with self._lock:
             out = self._snapshot_locked(None)
-            self._active_heap.clear()
-            self._active.clear()
-            self._backoff_heap.clear()
-            self._backoff.clear()
-            self._unschedulable.clear()
+            if max_n is None or max_n >= len(out):
+                self._active_heap.clear()
+                self._active.clear()
+                self._backoff_heap.clear()
+                self._backoff.clear()
+                self._unschedulable.clear()
+                return out
+            out = out[len(out) - max_n:] if max_n > 0 else []
+            for qpi in out:
+                key = qpi.key
+                if self._unschedulable.pop(key, None) is None and self._backoff.pop(key, None) is None:
+                    del self._active[key]
+            _compact(self._active_heap, self._active)
+            _compact(self._backoff_heap, self._backoff)
             return out
 
     # ----------------------------------------------------------------------------- internals (lock held)

@@ -3,19 +3,29 @@
 Actors are created with ``num_cpus=0`` by default so that a local Ray on a 2-core machine can host
 the coordinator, the simulated cluster and several shards; on a Ray cluster, pass
 ``shard_num_cpus=1`` so that shards declare their CPU and Ray's autoscaler can add worker nodes.
+
+The coordinator of ``shardsched run`` and ``shardsched serve`` is a named actor
+(`COORDINATOR_NAME` in the Ray namespace `RAY_NAMESPACE`), so that ``shardsched scale`` finds it
+from another process (`find_coordinator`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
+import time
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayError
 
 from shardsched.config import SchedulerConfiguration
+from shardsched.errors import ShardschedError
 from shardsched.sharding.coordinator import Coordinator
 from shardsched.sharding.remote import Remote, RemoteBindTarget, RemoteRebalancer
+from shardsched.sharding.scaling import COORDINATOR_NAME, RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import Shard, ShardOptions
 from shardsched.sim.cluster import SimCluster
 from shardsched.store.ledger import Ledger
@@ -23,6 +33,10 @@ from shardsched.store.server import connect
 
 #: concurrent method calls per actor: the loop runs in its own thread, calls arrive meanwhile
 MAX_CONCURRENCY = 16
+#: how long `coordinator_actor` waits for the name of a coordinator just killed to be free
+NAME_RELEASE_TIMEOUT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class ShardHost:
@@ -36,6 +50,11 @@ class ShardHost:
                            RemoteRebalancer(Remote(coordinator)), options)
         self.thread = threading.Thread(target=self.shard.run_forever, name=f"shard-{index}", daemon=True)
         self.thread.start()
+
+    def adopt(self, coordinator: Any) -> str:
+        """A new coordinator (actor handle) takes this shard over; see `Shard.adopt`."""
+        self.shard.adopt(RemoteRebalancer(Remote(coordinator)))
+        return self.shard.member
 
     def set_epoch(self, epoch): self.shard.set_epoch(epoch)
     def apply_nodes(self, upserts, removals): self.shard.apply_nodes(upserts, removals)
@@ -51,27 +70,60 @@ class ShardHost:
     def ping(self): return self.shard.ping()
     def pid(self): return os.getpid()
     def stop(self): self.shard.stop()
+    def drain(self, fraction=1.0): return self.shard.drain(fraction)
+    def retire(self, timeout_s=30.0): return self.shard.retire(timeout_s)
 
 
 class CoordinatorHost:
-    """The Coordinator inside a Ray actor; it creates the shard actors itself."""
+    """The Coordinator inside a Ray actor; it creates the shard actors itself.
+
+    Shard actors are named ``<prefix><member>`` (``ss:ab12:shard-0@1``). With ``adoptable`` they
+    are also detached, so they outlive this actor: a new coordinator started with
+    ``start(adopt=True)`` takes them over (Ray Serve's controller re-adopts its replicas the same
+    way), and whoever started the run kills them at its end (`kill_shard_actors`). Without it they
+    share this actor's fate, as Ray's owned actors do.
+
+    Args:
+        shard_redis_url: the Redis URL the shards use (default ``redis_url``), e.g. through a
+            proxy that a chaos scenario controls; the coordinator always uses ``redis_url``.
+        autoscaler: let the coordinator set the shard count (`Coordinator.enable_autoscaler`).
+    """
 
     def __init__(self, config: SchedulerConfiguration, redis_url: str, prefix: str, cluster: Any, num_shards: int,
-                 shard_options: ShardOptions, shard_num_cpus: float = 0) -> None:
+                 shard_options: ShardOptions, shard_num_cpus: float = 0, shard_redis_url: str | None = None,
+                 adoptable: bool = False, autoscaler: AutoscalerOptions | None = None) -> None:
         me = ray.get_runtime_context().current_actor
+        self.me = me
+        self.prefix = prefix
         self.shard_handles: dict[str, Any] = {}
 
         def factory(index: int, member: str) -> Remote:
             handle = ray.remote(ShardHost).options(
-                name=None, max_concurrency=MAX_CONCURRENCY, num_cpus=shard_num_cpus, max_restarts=0,
-            ).remote(index, member, config, redis_url, prefix, cluster, me, shard_options)
+                name=f"{prefix}{member}", lifetime="detached" if adoptable else None,
+                max_concurrency=MAX_CONCURRENCY, num_cpus=shard_num_cpus, max_restarts=0,
+            ).remote(index, member, config, shard_redis_url or redis_url, prefix, cluster, me, shard_options)
             self.shard_handles[member] = handle
             return Remote(handle)
 
         self.coordinator = Coordinator(config, Ledger(connect(redis_url), prefix), Remote(cluster), factory, num_shards)
+        if autoscaler is not None:
+            self.coordinator.enable_autoscaler(autoscaler)
         self.thread: threading.Thread | None = None
 
-    def start(self) -> dict:
+    def start(self, adopt: bool = False) -> dict:
+        """Create the shards (or, with ``adopt``, take over the live ones of a previous coordinator
+        of this prefix and create only the missing ones), list the cluster, and run the loop."""
+        if adopt:
+            found = {}
+            for index, (member, handle) in shard_actors(self.prefix).items():
+                try:
+                    ray.get(handle.adopt.remote(self.me), timeout=10)
+                except (RayError, GetTimeoutError) as e:
+                    log.warning("shard %s not adopted (%s); a new incarnation replaces it", member, type(e).__name__)
+                    continue
+                self.shard_handles[member] = handle
+                found[index] = (member, Remote(handle))
+            self.coordinator.adopt(found)
         self.coordinator.start()
         self.thread = threading.Thread(target=self.coordinator.run_forever, name="coordinator", daemon=True)
         self.thread.start()
@@ -82,6 +134,16 @@ class CoordinatorHost:
     def unschedulable_reasons(self): return self.coordinator.unschedulable_reasons()
     def pending_keys(self): return self.coordinator.pending_keys()
     def kill_shard(self, index): self.coordinator.kill_shard(index)
+
+    def replace_shard(self, index: int) -> str:
+        """Replace shard ``index`` by a new incarnation now, as after failed health checks, whether or
+        not the old one still runs (chaos: two owners of the same nodes). Returns the new member."""
+        with self.coordinator._lock:
+            self.coordinator.replace_shard(index)
+            return self.coordinator.shards[index].member
+    def scale(self, n, trigger="api"): return self.coordinator.scale(n, trigger).to_json()
+    def scale_history(self): return self.coordinator.scale_history()
+    def retired_shard_stats(self): return self.coordinator.retired_stats
     def metric_samples(self): return self.coordinator.metrics.samples()
     def pid(self): return os.getpid()
 
@@ -114,8 +176,94 @@ class SimClusterHost(SimCluster):
 
 def sim_cluster_actor(**kwargs: Any) -> Any:
     """Start the simulated cluster as a Ray actor (the embedded "API server")."""
+    kwargs.setdefault("copy_inputs", False)  # Ray hands the actor private copies of its arguments
     return ray.remote(SimClusterHost).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(**kwargs)
 
 
-def coordinator_actor(*args: Any, **kwargs: Any) -> Any:
-    return ray.remote(CoordinatorHost).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(*args, **kwargs)
+def coordinator_actor(*args: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """Start a `CoordinatorHost` actor; with ``name``, as a named actor in `RAY_NAMESPACE`.
+
+    Raises:
+        ShardschedError: the name stays taken for `NAME_RELEASE_TIMEOUT_S` (another run's
+            coordinator is alive on this Ray cluster; a killed one's name is released within it).
+    """
+    return named_actor(ray.remote(CoordinatorHost), name, num_cpus=0).remote(*args, **kwargs)
+
+
+def named_actor(cls: Any, name: str | None, **options: Any) -> Any:
+    """``cls.options(...)`` for a coordinator actor named ``name`` in `RAY_NAMESPACE` (unnamed when
+    ``name`` is None), once the name is free: a coordinator killed just before (the previous run on
+    a shared Ray, a restarted ``serve``) releases its name within moments.
+
+    Raises:
+        ShardschedError: the name is still taken after `NAME_RELEASE_TIMEOUT_S`.
+    """
+    options.setdefault("max_concurrency", MAX_CONCURRENCY)
+    if name is None:
+        return cls.options(**options)
+    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+    while True:
+        try:
+            ray.get_actor(name, namespace=RAY_NAMESPACE)
+        except ValueError:  # no live actor of that name
+            return cls.options(name=name, namespace=RAY_NAMESPACE, **options)
+        if time.monotonic() > deadline:
+            raise ShardschedError(f"a coordinator named {name!r} already runs in Ray namespace {RAY_NAMESPACE!r} "
+                                  "(another shardsched run or serve on this Ray cluster)")
+        time.sleep(0.1)
+
+
+def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAME) -> Any:
+    """Join a running Ray cluster (``ray_address``, default ``auto``: the one started on this
+    machine) and return the handle of the coordinator named ``name`` in `RAY_NAMESPACE`.
+
+    Raises:
+        ShardschedError: Ray cannot be joined, or no such coordinator runs there.
+    """
+    if not ray.is_initialized():
+        try:
+            ray.init(address=ray_address or "auto", namespace=RAY_NAMESPACE, logging_level=logging.WARNING,
+                     log_to_driver=False, configure_logging=False)
+        except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
+            raise ShardschedError(f"could not join Ray at {ray_address or 'auto'}: {e}") from None
+    try:
+        return ray.get_actor(name, namespace=RAY_NAMESPACE)
+    except ValueError:
+        raise ShardschedError(f"no coordinator named {name!r} in Ray namespace {RAY_NAMESPACE!r} "
+                              "(is shardsched run or serve running on this Ray cluster?)") from None
+
+
+_SHARD_NAME = re.compile(r"shard-(\d+)@(\d+)")
+
+
+def shard_actors(prefix: str) -> dict[int, tuple[str, Any]]:
+    """The live shard actors named with ``prefix`` (see `CoordinatorHost`): shard index -> (member,
+    handle) of its newest incarnation. Older incarnations still alive (zombies) are left out."""
+    newest: dict[int, tuple[int, str]] = {}
+    for name in ray.util.list_named_actors():
+        if not name.startswith(prefix):
+            continue
+        m = _SHARD_NAME.fullmatch(name[len(prefix):])
+        if m and int(m.group(2)) > newest.get(int(m.group(1)), (0, ""))[0]:
+            newest[int(m.group(1))] = (int(m.group(2)), m.group(0))
+    out = {}
+    for index, (_, member) in newest.items():
+        try:
+            out[index] = (member, ray.get_actor(f"{prefix}{member}"))
+        except ValueError:  # died since it was listed
+            continue
+    return out
+
+
+def kill_shard_actors(prefix: str) -> int:
+    """Kill every shard actor named with ``prefix``, zombies of replaced incarnations included (the
+    end of a run whose shards are detached). Returns how many."""
+    killed = 0
+    for name in ray.util.list_named_actors():
+        if name.startswith(prefix) and _SHARD_NAME.fullmatch(name[len(prefix):]):
+            try:
+                ray.kill(ray.get_actor(name), no_restart=True)
+                killed += 1
+            except (ValueError, RayError):
+                continue
+    return killed

@@ -20,6 +20,12 @@ Shards are checked every `health_period_s`; a shard that does not answer `health
 a row is replaced by a new incarnation (new member id, epoch bumped, so the old one is fenced off);
 the pods routed to it are sent to the new one, and those it had leased wait for their leases to
 expire.
+
+The shard count changes at run time with `Coordinator.scale` (``shardsched scale``, ``shardsched run
+--scale-at``) or the optional autoscaler (`enable_autoscaler`, policy in
+`shardsched.sharding.scaling`): rendezvous hashing moves only the nodes whose owner changes, the new
+owners are published with a bumped epoch before anything else (a stale owner is fenced off at
+once), and queued pods are drained and routed again; see `scale`.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -40,12 +46,21 @@ from shardsched.errors import InvalidObjectError, TemporaryError
 from shardsched.metrics import ShardMetrics
 from shardsched.scheduler.algorithm import GenericScheduler, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
-from shardsched.sharding.hashing import assign
+from shardsched.queue import QueuedPodInfo
+from shardsched.sharding.hashing import assign, moved_fraction
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
-from shardsched.sharding.remote import Remote, RemoteUnavailable
+from shardsched.sharding.remote import Remote, RemoteDead, RemoteUnavailable
+from shardsched.sharding.scaling import Autoscaler, AutoscalerOptions, Load, ScaleStep, ideal_moved_fraction
 from shardsched.store.ledger import BoundPod, Ledger, NodeEntry
 
 log = logging.getLogger(__name__)
+
+#: watch events taken per poll: enough to amortize the call, few enough that decoding a burst's
+#: events does not balloon the coordinator's memory (a Python heap rarely shrinks back)
+WATCH_BATCH = 4000
+
+#: `Tracked.shard` of a pod whose shard was removed while the pod was in its last batch (see `scale`)
+LIMBO = -1
 
 
 @dataclass
@@ -125,8 +140,49 @@ class Coordinator:
         self._last_health = 0.0
         self.last_error = ""
         self.replaced = 0
+        # run-time scaling (`scale`, `enable_autoscaler`)
+        self.autoscaler: Autoscaler | None = None
+        self.scale_steps: list[ScaleStep] = []
+        self.retired_stats: list[Any] = []  # ShardStats of removed shards, for the run's report
+        #: how long `scale` waits for a new shard to answer (Ray's autoscaler may have to add a node)
+        self.shard_start_timeout_s = 300.0
+        #: how long a removed shard may take to end its batch in flight
+        self.retire_timeout_s = 30.0
+        #: after this, pods of a removed shard whose fate has not arrived are routed again
+        self.handover_grace_s = 5.0
+        self._limbo: dict[str, float] = {}  # uid -> time.monotonic() when it is routed again
+        self._last_incarnation: dict[int, int] = {}  # index -> incarnation of its removed shard
+        self._scale_lock = threading.Lock()  # one scale step at a time
+        self._last_autoscale = 0.0
+        self.ledger_rebuilds = 0
+        self._ledger_instance: str | None = None  # Redis run id the ledger was written to
 
     # ------------------------------------------------------------------ start
+    def adopt(self, shards: Mapping[int, tuple[str, Remote]]) -> None:
+        """Take over the running shards of a previous coordinator (index -> (member, `Remote`));
+        call before `start`, which creates the missing ones and lists the cluster again (epoch
+        bumped, every pending pod routed again). Each shard must already hand its pods to this
+        coordinator (`Shard.adopt`). A missing index gets a new incarnation, numbered after every
+        member the ledger's shard map still names for it, so a zombie of it stays fenced off."""
+        if not shards:
+            return
+        try:
+            known = set(self.ledger.owners().values())
+        except TemporaryError:
+            known = set()
+        self.num_shards = max(self.num_shards, max(shards) + 1)
+        self.shards = []
+        for i in range(self.num_shards):
+            if i in shards:
+                member, remote = shards[i]
+                self.shards.append(ShardRef(i, member, remote, int(member.rsplit("@", 1)[1])))
+                continue
+            seen = [int(m.rsplit("@", 1)[1]) for m in known if m.startswith(f"shard-{i}@")]
+            incarnation = max(seen, default=0) + 1
+            member = f"shard-{i}@{incarnation}"
+            self.shards.append(ShardRef(i, member, self.shard_factory(i, member), incarnation))
+        log.warning("adopted %d running shards: %s", len(shards), ", ".join(m for m, _ in shards.values()))
+
     def start(self) -> None:
         """Create the shards, list the cluster and hand every shard its nodes and pods."""
         for i in range(len(self.shards), self.num_shards):
@@ -150,6 +206,7 @@ class Coordinator:
             except InvalidObjectError as e:
                 log.error("node %s ignored: %s", (obj.get("metadata") or {}).get("name"), e)
         self.table.add_nodes(infos)
+        self._ledger_instance = self.ledger.instance_id()  # the Redis the map is written to
         self._repartition(infos)
         for s in self.shards:
             mine = [n.obj for n in infos if self.owners.get(n.name) == s.index]
@@ -195,16 +252,21 @@ class Coordinator:
         with self._lock:
             busy = self.poll_watch()
             busy = self.rebalance() or busy
+            self._sweep_limbo()
         if time.monotonic() - self._last_health >= self.health_period_s:
             self._last_health = time.monotonic()
             self.check_health()
+            self.check_ledger()
+        if self.autoscaler is not None and time.monotonic() - self._last_autoscale >= self.autoscaler.options.period_s:
+            self._last_autoscale = time.monotonic()
+            self.autoscale()
         return busy
 
     def poll_watch(self) -> bool:
         from shardsched.sim.errors import Gone
 
         try:
-            events, rv = self.cluster.ask("events_since", self.rv, None, 20000)
+            events, rv = self.cluster.ask("events_since", self.rv, None, WATCH_BATCH)
         except Gone:
             log.warning("watch history compacted; relisting")
             self.relist()
@@ -293,6 +355,11 @@ class Coordinator:
                 old = self.bound_on.pop(uid, None)
                 if old is not None:
                     self.table.remove_pod(uid)
+                # A pod first seen bound and already terminal (the kubelet rejected it at admission:
+                # the binding and the rejection in one event, or coalesced by a relist) was never
+                # counted here, but the shard that bound it committed it in the ledger and its table.
+                old = old or node
+                if old:
                     forget[uid] = old
                     if old in self.owners:
                         removes[self.owners[old]].append(uid)
@@ -350,7 +417,8 @@ class Coordinator:
         for index, uids in removes.items():
             self.shards[index].remote.call("apply_bound", [], uids)
         for index, keys in unqueue.items():
-            self.shards[index].remote.call("remove_pods", keys)
+            if 0 <= index < len(self.shards):  # not a removed shard's (LIMBO)
+                self.shards[index].remote.call("remove_pods", keys)
         if new:
             self.route(list(new.values()))
 
@@ -373,7 +441,8 @@ class Coordinator:
         alive = np.array([s.alive for s in self.shards], bool)
         ok = alive & (fits > 0)
         for i in exclude:
-            ok[i] = False
+            if i < len(ok):  # a shard removed since
+                ok[i] = False
         if not ok.any():
             return None
         # most room per pod already routed there: spreads a burst in proportion to capacity
@@ -392,9 +461,10 @@ class Coordinator:
             target = self._choose(fits, static)
             if target is None:  # fits nowhere now: the shard with most matching nodes reports why
                 target = int(np.argmax(static)) if static.any() else 0
-            self.pending[pod.uid] = Tracked(pod, target)
+            slim = _slim(pod)  # kept and sent without the raw object: memory is per pending pod
+            self.pending[pod.uid] = Tracked(slim, target)
             self.routed[target] += 1
-            by_shard[target].append(_slim(pod))
+            by_shard[target].append(slim)
         for index, items in by_shard.items():
             self.shards[index].remote.call("add_pods", items)
         self.counters["routed"] += len(pods)
@@ -447,7 +517,7 @@ class Coordinator:
                     continue
                 t.rounds += 1
                 t.unschedulable = True
-                target = int(np.argmax(static)) if static.any() else shard
+                target = int(np.argmax(static)) if static.any() else min(shard, len(self.shards) - 1)
                 if not self.shards[target].alive:
                     target = next((s.index for s in self.shards if s.alive), shard)
                 t.shard = target
@@ -488,19 +558,64 @@ class Coordinator:
         self.counters["invalid"] += 1
 
     # ------------------------------------------------------------------ health
+    def check_ledger(self) -> None:
+        """Rebuild the ledger when Redis restarted (its run id changed): without persistence it came
+        back empty (no nodes, no shard map, no leases), and with AOF it may have lost its last
+        second of writes (reservations, commits, observed pods). See `rebuild_ledger`."""
+        try:
+            instance = self.ledger.instance_id()
+        except TemporaryError:
+            return  # Redis away: shards pause; checked again next period
+        if self._ledger_instance is None:
+            self._ledger_instance = instance
+            return
+        if instance == self._ledger_instance:
+            return
+        try:
+            with self._lock:
+                self.rebuild_ledger()
+        except TemporaryError as e:
+            self.last_error = f"ledger rebuild interrupted: {e}"  # instance not recorded: retried
+            return
+        self._ledger_instance = instance
+
+    def rebuild_ledger(self) -> None:
+        """Rebuild the ledger from the cluster's truth, as this coordinator's table holds it at the
+        watch position ``rv`` (bound pods seen later are observed as usual, idempotently): every
+        node's allocatable and bound pods (`Ledger.reconcile`), then the shard map with a new epoch,
+        then the shards' epoch. Until the map is published every reservation is refused (FENCED),
+        so binding resumes only on a rebuilt ledger. Call with the state lock held.
+
+        Raises:
+            TemporaryError: Redis went away again; call again.
+        """
+        drift = 0
+        for name, slot in list(self.table.index.items()):
+            bound = {uid: usage.requests for uid, usage in self.table.pods[slot].items()}
+            drift += self.ledger.reconcile(name, self.table.allocatable_of(name), bound).drift
+        self.epoch = max(self.epoch, self.ledger.epoch()) + 1
+        self.ledger.set_owners({n: self.shards[o].member for n, o in self.owners.items()}, self.epoch)
+        for s in self.shards:
+            s.remote.call("set_epoch", self.epoch)
+        self.ledger_rebuilds += 1
+        log.warning("Redis restarted: ledger rebuilt from the cluster (%d nodes, %d drifted), epoch %d",
+                    len(self.table.index), drift, self.epoch)
+
     def check_health(self) -> None:
         """Ping every shard (outside the state lock: a ping may take its whole timeout); replace a
-        shard that failed `health_failures` checks in a row."""
+        shard that failed `health_failures` checks in a row, or at once when its actor is dead
+        (Ray saw its process end: it will not come back, and its pods are waiting)."""
         for s in list(self.shards):
             try:
                 s.remote.ask("ping", timeout_s=2.0)
                 s.failures = 0
             except RemoteUnavailable as e:
-                s.failures += 1
+                s.failures = self.health_failures if isinstance(e, RemoteDead) else s.failures + 1
                 log.warning("shard %s did not answer (%d/%d): %s", s.member, s.failures, self.health_failures, e)
                 if s.failures >= self.health_failures:
                     with self._lock:
-                        self.replace_shard(s.index)
+                        if s.index < len(self.shards) and self.shards[s.index] is s:  # not removed meanwhile
+                            self.replace_shard(s.index)
 
     def replace_shard(self, index: int) -> None:
         """Start a new incarnation of shard ``index``: it gets a new member id, the epoch is bumped
@@ -525,6 +640,258 @@ class Coordinator:
         self.replaced += 1
         log.warning("shard %d replaced by %s (epoch %d): %d nodes, %d pending pods", index, member, self.epoch, len(mine), len(pods))
 
+    # ------------------------------------------------------------------ scaling
+    def scale(self, n: int, trigger: str = "api") -> ScaleStep:
+        """Run with ``n`` shards from now on: add shards, or remove the highest-numbered ones.
+
+        1. New shards are started and must answer (`shard_start_timeout_s`; on a Ray cluster Ray's
+           autoscaler may first add a worker node); the others keep scheduling meanwhile.
+        2. Under the state lock (steps 2-5): owners are recomputed by rendezvous hashing over the new
+           shard ids, so only nodes whose owner changes move (growth: the new shards' share;
+           shrinking: the removed shards' nodes).
+        3. Their new owners are published in the ledger with a bumped epoch, before anything else:
+           from then on reserve.lua refuses (FENCED) every reservation of a stale owner, so the old
+           owner's batch in flight comes back through the rebalancer. Reservations made before stay
+           in the ledger until committed or expired, and the new owner's second check counts them.
+        4. Every shard gets the epoch; the moved nodes and the pods bound on them go to their new
+           owners and are taken from the old ones.
+        5. Queued pods move: a removed shard hands back its whole queue, a kept one (when growing)
+           the added shards' share of it (1 - before/n, from its tail: it goes on with the head),
+           drained from their `SchedulingQueue` (`Shard.drain`). They are routed again as new pods
+           are (room per pod routed); pods known unschedulable wait among the unschedulable pods
+           of the shard with most matching nodes.
+        6. Outside the lock (the watch and the rebalancer go on): removed shards end their batch in
+           flight, all at once (`Shard.retire`); what it put back in their queue goes to the
+           rebalancer; then their actors are stopped. Pods of that last batch come back through
+           the rebalancer or are seen bound on the watch; any whose fate has not arrived after
+           `handover_grace_s` is routed again then (its lease, if the shard kept it, expires first).
+
+        Args:
+            n: the new shard count, >= 1.
+            trigger: who asks, for the report (``api``, ``autoscaler``).
+
+        Returns: the step (also kept in `scale_steps`, unless ``n`` is the current count: then
+            nothing happens).
+
+        Raises:
+            ValueError: ``n`` < 1.
+            RemoteUnavailable: a new shard did not answer in time; nothing changed.
+            TemporaryError: Redis did not take the new map; nothing changed.
+            FencedOffError: a newer coordinator published a map; nothing changed.
+        """
+        if n < 1:
+            raise ValueError(f"the shard count must be >= 1, got {n}")
+        with self._scale_lock:
+            return self._scale(n, trigger)
+
+    def _scale(self, n: int, trigger: str) -> ScaleStep:
+        started_unix, t0 = time.time(), time.monotonic()
+        before = len(self.shards)
+        if n == before:
+            return ScaleStep(before, n, trigger, self.epoch, started_unix, nodes=len(self.owners))
+        added = []
+        for i in range(before, n):
+            incarnation = self._last_incarnation.get(i, 0) + 1
+            member = f"shard-{i}@{incarnation}"
+            added.append(ShardRef(i, member, self.shard_factory(i, member), incarnation))
+        try:
+            for ref in added:
+                ref.remote.ask("ping", timeout_s=self.shard_start_timeout_s)
+            t1 = time.monotonic()
+            with self._lock:
+                step, removed = self._handover(n, added, trigger, started_unix)
+        except Exception:
+            for ref in added:
+                ref.remote.terminate()
+            raise
+        # Outside the state lock (the watch and the rebalancer go on): removed shards end their
+        # batch in flight, all at once, then their actors are stopped.
+        for ref in removed:
+            ref.remote.call("stop")
+        for ref in removed:
+            self._retire(ref)
+        step.start_s = t1 - t0
+        step.handover_s = time.monotonic() - t1
+        self.scale_steps.append(step)
+        if self.autoscaler is not None:
+            self.autoscaler.changed()
+        log.info("shards %d -> %d (%s, epoch %d): %d of %d nodes moved (%.3f, ideal %.3f), %d pods routed again, "
+                 "%d in flight; start %.2f s, handover %.3f s", before, n, trigger, step.epoch, step.nodes_moved,
+                 step.nodes, step.moved_fraction, step.ideal_fraction, step.pods_rerouted, step.pods_in_flight,
+                 step.start_s, step.handover_s)
+        return step
+
+    def _handover(self, n: int, added: list[ShardRef], trigger: str,
+                  started_unix: float) -> tuple[ScaleStep, list[ShardRef]]:
+        """Steps 2-5 of `scale`, with the state lock held. Raises before changing anything when
+        the ledger refuses the new map. Returns the step and the removed shards (still running)."""
+        before = len(self.shards)
+        kept, removed = self.shards[:n], self.shards[n:]
+        shards = kept + added
+        ids = [f"shard-{i}" for i in range(n)]
+        after = {name: int(sid.split("-")[1]) for name, sid in assign(list(self.owners), ids).items()}
+        moved = {name: index for name, index in after.items() if index != self.owners[name]}
+        nodes = len(after)
+        removed_share = sum(1 for index in self.owners.values() if index >= n) / nodes if nodes else 0.0
+        fraction = moved_fraction(self.owners, after)
+        epoch = max(self.epoch, self.ledger.epoch()) + 1
+        self.ledger.set_owners({name: shards[index].member for name, index in moved.items()}, epoch)
+        # From here on every stale owner is fenced off in the ledger.
+        gained: dict[int, list[str]] = defaultdict(list)
+        lost: dict[int, list[str]] = defaultdict(list)
+        for name, index in moved.items():
+            gained[index].append(name)
+            if self.owners[name] < n:
+                lost[self.owners[name]].append(name)
+        self.epoch = epoch
+        self.owners.update(moved)
+        self.shards = shards
+        self.routed = np.concatenate([self.routed[:n], np.zeros(n - min(n, len(self.routed)), np.int64)])
+        self._owner_slots()
+        for s in self.shards:
+            self._tell(s, "set_epoch", epoch)
+        for index, names in gained.items():
+            slots = [self.table.index[name] for name in names if name in self.table.index]
+            self._tell(self.shards[index], "apply_nodes", [self.table.nodes[slot].obj for slot in slots], [])
+            bound = [(usage, self.table.names[slot]) for slot in slots for usage in self.table.pods[slot].values()]
+            if bound:
+                self._tell(self.shards[index], "apply_bound", bound, [])
+        for index, names in lost.items():
+            self._tell(self.shards[index], "apply_nodes", [], names)
+
+        # Queued pods: all of a removed shard's; the added shards' share of a kept one's (its tail).
+        share = 1.0 - before / n if n > before else 0.0
+        items = []
+        for ref in removed + (kept if share else []):
+            try:
+                qpis = ref.remote.ask("drain", 1.0 if ref.index >= n else share, timeout_s=30.0)
+            except RemoteUnavailable as e:
+                log.warning("shard %s did not hand back its queue (%s)", ref.member, e)
+                continue
+            for q in qpis:
+                t = self.pending.get(q.pod_info.uid)
+                if t is not None and t.shard == ref.index:  # else bound, deleted or routed elsewhere since
+                    items.append((t, q))
+        self._reroute(items)
+        # The removed shards' pods not drained are in their last batch (or bound, and not yet seen).
+        in_flight = 0
+        deadline = time.monotonic() + self.handover_grace_s
+        for t in self.pending.values():
+            if t.shard >= n:
+                t.shard = LIMBO
+                self._limbo[t.pod.uid] = deadline
+                in_flight += 1
+        step = ScaleStep(before, n, trigger, epoch, started_unix, nodes=nodes, nodes_moved=len(moved),
+                         moved_fraction=fraction, ideal_fraction=ideal_moved_fraction(before, n, removed_share),
+                         removed_share=removed_share, pods_rerouted=len(items), pods_in_flight=in_flight)
+        return step, removed
+
+    def _tell(self, ref: ShardRef, method: str, *args: Any) -> None:
+        """Call a shard and wait, so that it has its nodes before pods are routed to it; a shard that
+        does not answer is left to the health check (a new incarnation gets everything it owns)."""
+        try:
+            ref.remote.ask(method, *args, timeout_s=10.0)
+        except RemoteUnavailable as e:
+            log.warning("shard %s: %s during a scale step failed: %s", ref.member, method, e)
+
+    def _retire(self, ref: ShardRef) -> None:
+        """Stop a removed shard (fenced off, its queue drained): wait for its batch in flight to end,
+        hand what that batch put back in its queue to the rebalancer, keep its counters, stop its
+        actor."""
+        try:
+            leftovers = ref.remote.ask("retire", self.retire_timeout_s, timeout_s=self.retire_timeout_s + 10.0)
+            if leftovers:
+                self.handoff(ref.index, [Handoff(q, FENCED, f"shard {ref.member} was removed") for q in leftovers])
+            self.retired_stats.append(ref.remote.ask("take_stats", timeout_s=10.0))
+        except RemoteUnavailable as e:
+            log.warning("shard %s did not retire cleanly (%s); its pods are routed again in %.0f s", ref.member, e,
+                        self.handover_grace_s)
+        ref.remote.terminate()
+        self._last_incarnation[ref.index] = ref.incarnation
+
+    def _reroute(self, items: list[tuple[Tracked, QueuedPodInfo | None]]) -> None:
+        """Route tracked pods again (drained from a shard: with their queued pod; from limbo: None).
+        Like `route`: the shard with most room per pod routed there; a pod known unschedulable waits
+        among the unschedulable pods of the shard with most matching nodes."""
+        forward: dict[int, list[PodInfo]] = defaultdict(list)
+        park: dict[int, list[QueuedPodInfo]] = defaultdict(list)
+        counts_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for t, q in items:
+            self._unroute(t.shard)
+            counts = counts_cache.get(t.pod.signature)
+            if counts is None:
+                counts = counts_cache[t.pod.signature] = self._shard_counts(t.pod)
+            fits, static = counts
+            parked = t.unschedulable and q is not None
+            target = None if parked else self._choose(fits, static)
+            if target is None:
+                target = int(np.argmax(static)) if static.any() else 0
+            if parked:
+                park[target].append(q)
+            else:
+                forward[target].append(q.pod_info if q is not None else _slim(t.pod))
+            t.shard = target
+            self.routed[target] += 1
+        for index, pods in forward.items():
+            self.shards[index].remote.call("add_pods", pods)
+        for index, qpis in park.items():
+            self.shards[index].remote.call("accept", qpis, True)
+
+    def _sweep_limbo(self) -> None:
+        """Route again the pods of removed shards whose fate did not arrive within the grace."""
+        if not self._limbo:
+            return
+        now = time.monotonic()
+        items = []
+        for uid in [uid for uid, deadline in self._limbo.items() if deadline <= now]:
+            del self._limbo[uid]
+            t = self.pending.get(uid)
+            if t is not None and t.shard == LIMBO:
+                items.append((t, None))
+        if items:
+            log.warning("%d pods of removed shards routed again after %.0f s", len(items), self.handover_grace_s)
+            self.counters["limbo_rerouted"] += len(items)
+            self._reroute(items)
+
+    def enable_autoscaler(self, options: AutoscalerOptions) -> None:
+        """Let the control loop set the shard count every ``options.period_s`` (`Autoscaler`); a
+        count outside the bounds is corrected at the first period."""
+        self.autoscaler = Autoscaler(options)
+
+    def autoscale(self) -> None:
+        """One autoscaler period: read the shards' load (`Shard.snapshot`) and, when the policy asks
+        for another count, start the step in a thread (the loop goes on; one step at a time)."""
+        if self.autoscaler is None or not self._scale_lock.acquire(blocking=False):
+            return
+        try:
+            snapshots = []
+            for s in list(self.shards):
+                try:
+                    snapshots.append(s.remote.ask("snapshot", timeout_s=2.0))
+                except RemoteUnavailable:
+                    continue
+            target = self.autoscaler.decide(Load.of(len(self.shards), snapshots))
+        except Exception:
+            self._scale_lock.release()
+            raise
+        if target is None or target == len(self.shards):
+            self._scale_lock.release()
+            return
+        threading.Thread(target=self._autoscale_step, args=(target,), name="autoscale", daemon=True).start()
+
+    def _autoscale_step(self, n: int) -> None:
+        try:
+            self._scale(n, "autoscaler")
+        except Exception as e:  # noqa: BLE001 - logged; the next period decides again
+            self.last_error = f"autoscaler: {type(e).__name__}: {e}"
+            log.exception("autoscaler: scaling to %d shards failed", n)
+        finally:
+            self._scale_lock.release()
+
+    def scale_history(self) -> list[dict[str, Any]]:
+        """Every scale step so far (`ScaleStep.to_json`), oldest first."""
+        return [step.to_json() for step in self.scale_steps]
+
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -537,7 +904,9 @@ class Coordinator:
             "pending": len(self.pending), "unschedulable": unsched,
             "gave_up": self.counters["gave_up"], "bound_seen": self.counters["bound"],
             "routed": self.counters["routed"], "requeues": self.counters["requeues"],
-            "invalid": len(self.invalid), "replaced_shards": self.replaced, "last_error": self.last_error,
+            "invalid": len(self.invalid), "replaced_shards": self.replaced, "ledger_rebuilds": self.ledger_rebuilds,
+            "last_error": self.last_error,
+            "scale_steps": len(self.scale_steps), "autoscaler": self.autoscaler is not None,
         }
 
     def unschedulable_reasons(self) -> dict[str, int]:

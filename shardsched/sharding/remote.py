@@ -10,13 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from shardsched.errors import ShardschedError, TemporaryError
 
 
 class RemoteUnavailable(TemporaryError):
     """The component did not answer (its actor died, or it timed out)."""
+
+
+class RemoteDead(RemoteUnavailable):
+    """The component's actor is dead (its process exited or was killed): it will never answer."""
 
 
 class Remote:
@@ -41,6 +45,8 @@ class Remote:
             return getattr(self.target, method)(*args)
         try:
             return ray.get(getattr(self.target, method).remote(*args), timeout=timeout_s)
+        except ActorDiedError as e:
+            raise RemoteDead(f"{method}: the actor died: {e}") from None
         except (GetTimeoutError, RayActorError) as e:
             raise RemoteUnavailable(f"{method}: {type(e).__name__}: {e}") from None
         except RayTaskError as e:  # the method raised: our own typed errors pass through
@@ -49,6 +55,15 @@ class Remote:
             raise RemoteUnavailable(f"{method}: {e}") from None
         except RayError as e:
             raise RemoteUnavailable(f"{method}: {e}") from None
+
+    def terminate(self) -> None:
+        """End an actor's process (``ray.kill``, no restart); a local object is left to the garbage
+        collector. Safe on a dead actor."""
+        if self.is_actor:
+            try:
+                ray.kill(self.target, no_restart=True)
+            except (RayError, ValueError):
+                pass
 
 
 class RemoteBindTarget:

@@ -1,8 +1,9 @@
 """The embedded main job: local Ray, local Redis, the simulated cluster, a coordinator and shards.
 
-`EmbeddedRun` starts everything, feeds the workload (a burst, or a trace replayed in time), follows
-progress, collects the report (latency, throughput, CPU, memory, invariants) and stops everything,
-also on errors and Ctrl-C.
+`EmbeddedRun` starts everything, feeds the workload (a burst, or a trace replayed in time), changes
+the shard count at given times (``scale_at``) or lets the coordinator's autoscaler do it, follows
+progress, collects the report (latency, throughput, CPU, memory, invariants, scale steps with the
+throughput around each) and stops everything, also on errors and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import ray
 
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
-from shardsched.sharding.actors import coordinator_actor, sim_cluster_actor
+from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors, sim_cluster_actor
+from shardsched.sharding.scaling import AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig
 from shardsched.sim.trace import TraceReplay
@@ -30,6 +32,9 @@ from shardsched.store.server import EmbeddedRedis
 log = logging.getLogger(__name__)
 
 CREATE_CHUNK = 2000
+#: a scale step's "during" window lasts this long after its handover: new shards fill their first
+#: batches, queues spread, stale owners' fenced batches come back through the rebalancer
+SCALE_SETTLE_S = 1.0
 
 
 class RunError(ShardschedError):
@@ -43,12 +48,19 @@ class RunOptions:
     shards: int = 2
     shard_options: ShardOptions = field(default_factory=ShardOptions)
     redis_url: str | None = None
+    #: the Redis URL of the shards only (default: redis_url), e.g. a fault proxy in front of it
+    shard_redis_url: str | None = None
     ray_address: str | None = None
     faults: FaultConfig | None = None
     seed: int = 0
     timeout_s: float = 600.0
     time_scale: float = 1.0
     metrics_port: int | None = None
+    #: (seconds after the workload starts, shard count): `Coordinator.scale` steps of the run
+    scale_at: list[tuple[float, int]] = field(default_factory=list)
+    autoscaler: AutoscalerOptions | None = None
+    #: the coordinator's Ray actor name (``shardsched scale`` finds it); None = unnamed
+    coordinator_name: str | None = COORDINATOR_NAME
 
 
 @dataclass
@@ -79,6 +91,7 @@ class RunReport:
     nodes: int = 0
     cpu_s: float = 0.0
     cpu_s_by_process: dict[str, float] = field(default_factory=dict)
+    peak_rss_by_process: dict[str, int] = field(default_factory=dict)
     ray_system_cpu_s: float = 0.0
     peak_rss_bytes: int = 0
     lost_pods: int = 0
@@ -86,6 +99,9 @@ class RunReport:
     samples: list[Sample] = field(default_factory=list)
     shard_snapshots: list[dict] = field(default_factory=list)
     replaced_shards: int = 0
+    coordinator_restarts: int = 0
+    #: scale steps (`ScaleStep.to_json`) with ``at_s`` and the throughput before, during, after
+    scaling: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -112,8 +128,9 @@ class RunReport:
             "cpu_cores_used": round(self.cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
             "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
             "peak_rss_bytes": self.peak_rss_bytes, "cpu_s_by_process": self.cpu_s_by_process,
-            "replaced_shards": self.replaced_shards,
-            "unschedulable_reasons": self.unschedulable_reasons, "errors": self.errors,
+            "peak_rss_bytes_by_process": self.peak_rss_by_process,
+            "replaced_shards": self.replaced_shards, "coordinator_restarts": self.coordinator_restarts,
+            "unschedulable_reasons": self.unschedulable_reasons, "scaling": self.scaling, "errors": self.errors,
         }
 
 
@@ -124,7 +141,10 @@ class _ProcessMeter:
         self.procs: dict[int, psutil.Process] = {}
         self.cpu0: dict[int, float] = {}
         self.labels: dict[int, str] = {}
+        self.cpu_last: dict[int, float] = {}  # last sampled CPU seconds (kept after the process ends)
         self.peak_rss = 0
+        #: peak RSS of each process label (bytes); the total's peak is `peak_rss`
+        self.peak_rss_by_label: dict[str, int] = {}
 
     def add(self, pid: int, label: str = "") -> None:
         if pid in self.procs:
@@ -140,9 +160,14 @@ class _ProcessMeter:
 
     def sample(self) -> None:
         total = 0
-        for p in list(self.procs.values()):
+        for pid, p in list(self.procs.items()):
             try:
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                total += rss
+                label = self.labels.get(pid, str(pid))
+                self.peak_rss_by_label[label] = max(self.peak_rss_by_label.get(label, 0), rss)
+                t = p.cpu_times()
+                self.cpu_last[pid] = t.user + t.system
             except psutil.Error:
                 continue
         self.peak_rss = max(self.peak_rss, total)
@@ -151,14 +176,18 @@ class _ProcessMeter:
         return sum(self.cpu_by_label().values())
 
     def cpu_by_label(self) -> dict[str, float]:
-        """CPU seconds used since `add`, per process label."""
+        """CPU seconds used since `add`, per process label (a process that ended, e.g. a removed
+        shard, counts up to its last `sample`)."""
         out: dict[str, float] = {}
         for pid, p in self.procs.items():
             try:
                 t = p.cpu_times()
-                out[self.labels[pid]] = round(out.get(self.labels[pid], 0.0) + t.user + t.system - self.cpu0[pid], 3)
+                now = t.user + t.system
             except psutil.Error:
-                continue
+                if pid not in self.cpu_last:
+                    continue
+                now = self.cpu_last[pid]
+            out[self.labels[pid]] = round(out.get(self.labels[pid], 0.0) + now - self.cpu0[pid], 3)
         return out
 
 
@@ -206,6 +235,7 @@ class EmbeddedRun:
         self._metrics_server = None
         self._started_ray = False
         self._actors: list[Any] = []  # every actor this run created, killed by _stop
+        self.coordinator_restarts = 0
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -232,18 +262,53 @@ class EmbeddedRun:
         for pid in _ray_system_pids():
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
-        self.cluster = sim_cluster_actor(seed=o.seed, faults=o.faults)
+        self.redis_url = redis_url
+        self.cluster = self._new_cluster()
         self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
-        self.coordinator = coordinator_actor(self.config, redis_url, self.prefix, self.cluster, o.shards, o.shard_options)
-        self._actors.append(self.coordinator)
-        ray.get(self.coordinator.start.remote())
+        self._start_coordinator(adopt=False)
         self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
-        self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
-        for i, handle in enumerate(ray.get(self.coordinator.shards.remote())):
-            self.meter.add(ray.get(handle.pid.remote()), f"shard-{i}")
         if o.metrics_port:
             self._serve_metrics(o.metrics_port)
+
+    def _new_cluster(self) -> Any:
+        """The simulated cluster's actor (a subclass may serve a variant of `SimClusterHost`)."""
+        return sim_cluster_actor(seed=self.options.seed, faults=self.options.faults)
+
+    def _start_coordinator(self, adopt: bool) -> None:
+        """Start a coordinator actor; with ``adopt``, one that takes over the shards of the previous
+        (dead) one. Shards are detached (`CoordinatorHost`), so they survive a coordinator's death;
+        `_stop` kills them."""
+        o = self.options
+        try:
+            self.coordinator = coordinator_actor(self.config, self.redis_url, self.prefix, self.cluster, o.shards,
+                                                 o.shard_options, shard_redis_url=o.shard_redis_url, adoptable=True,
+                                                 autoscaler=o.autoscaler, name=o.coordinator_name)
+        except ShardschedError as e:
+            raise RunError(str(e)) from None
+        self._actors.append(self.coordinator)
+        ray.get(self.coordinator.start.remote(adopt))
+        self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
+        self._meter_shards()
+
+    def _meter_shards(self) -> None:
+        """Meter the current shard processes (new ones after a scale step; known ones are kept)."""
+        for i, handle in enumerate(ray.get(self.coordinator.shards.remote())):
+            self.meter.add(ray.get(handle.pid.remote()), f"shard-{i}")
+
+    def coordinator_status(self) -> dict:
+        """The coordinator's status; when its actor died, a new coordinator is started first and
+        adopts the running shards (the run's supervisor, as a Kubernetes Deployment restarts a
+        crashed scheduler)."""
+        try:
+            return ray.get(self.coordinator.status.remote(), timeout=30)
+        except ray.exceptions.ActorDiedError:
+            log.warning("the coordinator died; starting a new one that adopts the running shards")
+            # a named actor that died keeps its name while handles to it live; killing it frees it
+            ray.kill(self.coordinator, no_restart=True)
+            self._start_coordinator(adopt=True)
+            self.coordinator_restarts += 1
+            return ray.get(self.coordinator.status.remote(), timeout=30)
 
     def _serve_metrics(self, port: int) -> None:
         from prometheus_client import CollectorRegistry
@@ -282,6 +347,8 @@ class EmbeddedRun:
                     ray.kill(actor, no_restart=True)
                 except Exception:  # noqa: BLE001 - already dead is fine
                     pass
+            if self.coordinator is not None:
+                kill_shard_actors(self.prefix)  # detached: replaced incarnations still alive too
             if self._started_ray:
                 ray.shutdown()
         if self.redis is not None:
@@ -343,7 +410,8 @@ class EmbeddedRun:
             report.wall_s = 0.0
             t0 = time.monotonic()
             stop = threading.Event()
-            feeder = threading.Thread(target=self._feed, args=(t0, stop), daemon=True)
+            self._t0_unix = time.time()
+            feeder = threading.Thread(target=self._drive, args=(t0, stop), daemon=True)
             feeder.start()
             self._follow(report, t0, feeder)
             stop.set()
@@ -361,14 +429,35 @@ class EmbeddedRun:
         report.errors.extend(self._feeder_error)
         return report
 
+    def _drive(self, t0: float, stop: threading.Event) -> None:
+        """Feed the workload and carry out the ``scale_at`` steps at their times; ends when both are
+        done (the run does not settle before its last scale step)."""
+        scaler = threading.Thread(target=self._scale_at, args=(t0, stop), daemon=True)
+        scaler.start()
+        self._feed(t0, stop)
+        scaler.join()
+
+    def _scale_at(self, t0: float, stop: threading.Event) -> None:
+        for at_s, n in sorted(self.options.scale_at):
+            if stop.wait(max(0.0, t0 + at_s - time.monotonic())):
+                return
+            try:
+                ray.get(self.coordinator.scale.remote(n), timeout=self.options.timeout_s)
+                self._meter_shards()
+            except Exception as e:  # noqa: BLE001 - report, do not crash the run
+                self._feeder_error.append(f"scaling to {n} shards at {at_s:g} s: {type(e).__name__}: {e}")
+                log.exception("scale step failed")
+
     def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
         total = report.pods_total
         last_bound = -1
         done_at = None
         while True:
             time.sleep(0.25)
+            # read before the counts: pods created after this read are then counted next time
+            feeder_done = not feeder.is_alive()
             counts = ray.get(self.cluster.progress.remote())
-            status = ray.get(self.coordinator.status.remote())
+            status = self.coordinator_status()
             self.meter.sample()
             bound = status["bound_seen"]
             elapsed = time.monotonic() - t0
@@ -377,7 +466,7 @@ class EmbeddedRun:
                 self.on_progress(bound, total, status)
             # settled: the workload is all created, and every pod not bound is known to the
             # coordinator as unschedulable (or as having an invalid spec)
-            settled = (not feeder.is_alive() and counts["unbound"] == status["unschedulable"] + status["invalid"]
+            settled = (feeder_done and counts["unbound"] == status["unschedulable"] + status["invalid"]
                        and status["pending"] == status["unschedulable"])
             if counts["bound"] != last_bound:
                 done_at = elapsed
@@ -399,13 +488,17 @@ class EmbeddedRun:
         inv = ray.get(self.cluster.invariants.remote())
         status = ray.get(self.coordinator.status.remote())
         shards = ray.get(self.coordinator.shards.remote())
-        stats: list[ShardStats] = []
+        stats: list[ShardStats] = list(ray.get(self.coordinator.retired_shard_stats.remote()))
         for s in shards:
             try:
                 stats.append(ray.get(s.take_stats.remote(), timeout=10))
                 report.shard_snapshots.append(ray.get(s.snapshot.remote(), timeout=10))
             except Exception as e:  # noqa: BLE001 - a dead shard's numbers are lost, say so
                 report.errors.append(f"a shard did not report: {type(e).__name__}")
+        steps = ray.get(self.coordinator.scale_history.remote())
+        if steps:
+            timeline = [entry for st in stats for entry in st.timeline]
+            report.scaling = scale_phases(steps, timeline, self._t0_unix, self._t0_unix + report.schedule_wall_s)
         for st in stats:
             report.latencies_s.extend(st.latencies_s)
             report.conflicts += st.conflicts
@@ -415,6 +508,7 @@ class EmbeddedRun:
         report.pods_pending = status["pending"] - status["unschedulable"]
         report.requeues = status["requeues"]
         report.replaced_shards = status["replaced_shards"]
+        report.coordinator_restarts = self.coordinator_restarts
         report.unschedulable_reasons = ray.get(self.coordinator.unschedulable_reasons.remote())
         tracked = set(ray.get(self.coordinator.pending_keys.remote()))
         report.lost_pods = len([k for k in inv["pods_unbound"] if k not in tracked])
@@ -423,3 +517,34 @@ class EmbeddedRun:
         report.ray_system_cpu_s = self.system_meter.cpu_s()
         self.meter.sample()
         report.peak_rss_bytes = self.meter.peak_rss
+        report.peak_rss_by_process = dict(self.meter.peak_rss_by_label)
+
+
+def scale_phases(steps: list[dict], timeline: list[tuple[float, int]], start_unix_s: float,
+                 end_unix_s: float) -> list[dict]:
+    """Scale steps with the throughput around each, in pods bound per second from the shards'
+    bind timeline (Unix time, pods bound) of all shards, removed ones included: ``before`` from the
+    end of the previous step's "during" window (or ``start_unix_s``) to the step's start; ``during``
+    from its start (new shards starting included) to `SCALE_SETTLE_S` after its handover; ``after``
+    from there to the next step's start (or ``end_unix_s``, when the last pod was bound). A window
+    of no length gives None. ``at_s``: the step's start, seconds after ``start_unix_s``."""
+    times = np.array([t for t, _ in timeline], float)
+    counts = np.array([n for _, n in timeline], float)
+
+    def rate(a: float, b: float) -> float | None:
+        if b - a <= 0:
+            return None
+        return round(float(counts[(times >= a) & (times < b)].sum() / (b - a)), 1)
+
+    out = []
+    begin = start_unix_s
+    for i, step in enumerate(steps):
+        start = step["started_unix_s"]
+        settled = start + step["start_s"] + step["handover_s"] + SCALE_SETTLE_S
+        until = steps[i + 1]["started_unix_s"] if i + 1 < len(steps) else end_unix_s
+        out.append({**step, "at_s": round(start - start_unix_s, 3),
+                    "throughput_before_pods_per_s": rate(begin, start),
+                    "throughput_during_pods_per_s": rate(start, min(settled, until)),
+                    "throughput_after_pods_per_s": rate(settled, until)})
+        begin = settled
+    return out

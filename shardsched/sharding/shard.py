@@ -8,7 +8,9 @@ One loop step (kube's scheduling cycle + binding cycle, batched):
    the batch see it (in-batch assume);
 4. Reserve: one Redis call re-checks every placement against the ledger (the second resource check,
    fenced by lease token and shard-map epoch);
-5. Bind the reserved pods in one call to the cluster; then commit (bound) or roll back.
+5. Permit: renew the batch's leases (one Redis call); a pod whose lease was lost meanwhile is not
+   bound (the API server cannot check fencing tokens, so the shard checks its own right before);
+6. Bind the reserved pods in one call to the cluster; then commit (bound) or roll back.
 
 Every failure after the assume goes through one rollback path (`_rollback`: release the
 reservation, forget the assume, release the lease) and the pod goes back to the queue with backoff,
@@ -27,8 +29,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
@@ -43,6 +48,9 @@ from shardsched.sharding.protocols import (BIND_CONFLICT, BIND_FAILED, FENCED, I
 from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem
 
 log = logging.getLogger(__name__)
+
+#: window of the recent scheduling latency in `Shard.snapshot` (what the autoscaler reads)
+RECENT_LATENCY_WINDOW_S = 10.0
 
 #: annotation with the pod's creation time as Unix seconds (float), set by the simulated
 #: cluster's workload builders, for creation -> bound latency finer than creationTimestamp's seconds
@@ -134,6 +142,10 @@ class Shard:
         # uids this shard assumed in its table and the watch has not confirmed yet (kube's cache:
         # assumed pods); only these are forgotten on a rollback, see _forget
         self._assumed: set[str] = set()
+        # (time.monotonic() when bound, creation -> bound latency in s) of the latest bound pods
+        self._recent_latencies: deque[tuple[float, float]] = deque(maxlen=2000)
+        self._idle = threading.Event()  # set while `run_forever` is not running (see `retire`)
+        self._idle.set()
         self.last_error = ""
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
@@ -193,9 +205,32 @@ class Shard:
         """A cluster event that may make unschedulable pods schedulable."""
         self.queue.move_all_to_active_or_backoff(event)
 
+    def adopt(self, rebalancer: Rebalancer) -> None:
+        """A new coordinator takes this shard over (the previous one died) and lists the cluster
+        again: hand pods to ``rebalancer`` from now on, and drop what the previous one sent, which
+        the new one sends again from its list: the queued pods (it routes every pending pod again;
+        the batch in flight ends as usual) and the nodes with their pods (a node deleted meanwhile
+        would otherwise stay). Binds of the batch in flight that the table no longer counts are
+        still counted by their reservations in the ledger. Idempotent."""
+        with self._lock:
+            self.rebalancer = rebalancer
+            for name in list(self.table.index):
+                self.table.remove_node(name)
+            self._assumed.clear()
+            self._shadow.clear()
+            self.metrics.nodes.set(0)
+        self.queue.drain()
+
     # ------------------------------------------------------------------ the loop
     def run_forever(self) -> None:
         """Run `step` until `stop`; each step catches and logs its own errors and never ends the loop."""
+        self._idle.clear()
+        try:
+            self._loop()
+        finally:
+            self._idle.set()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 done = self.step()
@@ -210,6 +245,28 @@ class Shard:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def drain(self, fraction: float = 1.0) -> list[QueuedPodInfo]:
+        """Remove and return ``fraction`` (in [0, 1]) of the queued pods, for the coordinator to route
+        them again when the shard count changes: all of them (a removed shard), or the share that
+        added shards take over, the last in queue order (`SchedulingQueue.drain`), so that this
+        shard goes on with the pods it would pop next. Pods in flight stay here: they end bound,
+        handed off, or back in this queue."""
+        if fraction >= 1.0:
+            return self.queue.drain()
+        return self.queue.drain(max_n=round(len(self.queue) * max(fraction, 0.0)))
+
+    def retire(self, timeout_s: float = 30.0) -> list[QueuedPodInfo]:
+        """This shard is being removed: stop the loop, wait up to ``timeout_s`` for the batch in
+        flight to end (its pods are then bound, handed to the rebalancer, or back in the queue), and
+        return every queued pod (`drain`; the coordinator drained the queue before, so these are
+        what the last batch put back). The coordinator has fenced this shard off first, so the
+        batch's reservations fail FENCED and come back through the rebalancer. Safe to call on a
+        shard whose loop never ran; idempotent."""
+        self.stop()
+        if not self._idle.wait(timeout_s):
+            log.warning("shard %s: the batch in flight did not end within %.0f s; draining anyway", self.member, timeout_s)
+        return self.drain()
 
     def _batch_size(self) -> int:
         if self.options.batch_size > 0:
@@ -270,6 +327,10 @@ class Shard:
                 self.stats.lease_busy += 1
                 self.metrics.leases.labels("held_elsewhere").inc()
                 q.last_failure_reason = "pod lease held by another shard"
+                # Not a scheduling attempt: retried after the initial backoff until the lease is
+                # free, not backed off exponentially past its expiry (a crashed shard's pods must
+                # move on within the lease TTL and a few seconds).
+                q.attempts = max(1, q.attempts - 1)
                 self.queue.requeue_backoff(q)
         self.metrics.leases.labels("acquired").inc(len(leased))
 
@@ -334,11 +395,41 @@ class Shard:
                 q.last_failure_reason = f"node {r.node} unknown to the ledger"
                 self.queue.requeue_backoff(q)
 
-        # Binding cycle: one call for the batch.
+        # Permit, then the binding cycle: one call each for the batch.
+        if to_bind:
+            to_bind = self._permit(to_bind)
         if to_bind:
             self._bind(to_bind, handoffs, started)
         self._handoff(handoffs)
         return popped
+
+    def _permit(self, to_bind):
+        """Right before binding, renew the batch's leases (one Redis call) and keep only the pods
+        whose lease this shard still holds with its token: a stall since the leases were taken
+        (longer than their TTL), or Redis restarted without its data, may have let another shard
+        take a pod with a newer token, and the API server cannot check tokens. A lost pod is rolled
+        back and retried; with Redis away nothing is bound (its reservations and leases expire).
+        The renewed leases cover the bind call for another lease TTL."""
+        try:
+            kept = self.ledger.renew_leases({q.pod_info.uid: tok for q, _, tok in to_bind}, self.member,
+                                            self.options.lease_ttl_ms)
+        except TemporaryError as e:
+            with self._lock:
+                for q, _, _ in to_bind:
+                    self._forget(q.pod_info)
+            self._pause([q for q, _, _ in to_bind], f"Redis unavailable before binding: {e}")
+            return []
+        out = []
+        for q, r, tok in to_bind:
+            if q.pod_info.uid in kept:
+                out.append((q, r, tok))
+                continue
+            self.stats.reserve_failures += 1
+            self.metrics.leases.labels("lost").inc()
+            self._rollback(q, r.node, tok, release=True)
+            q.last_failure_reason = "pod lease lost before binding"
+            self.queue.requeue_backoff(q)
+        return out
 
     def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:
         bindings = [(q.pod_info.namespace, q.pod_info.name, r.node, q.pod_info.uid) for q, r, _ in to_bind]
@@ -351,6 +442,7 @@ class Shard:
             results = None
             err = f"{type(e).__name__}: {e}"
         now = time.time()
+        now_mono = time.monotonic()
         commits, lease_done = [], []
         for i, (q, r, tok) in enumerate(to_bind):
             code = 504 if results is None else results[i].code
@@ -367,6 +459,7 @@ class Shard:
                 if created:
                     lat = now - float(created)
                     self.stats.latencies_s.append(lat)
+                    self._recent_latencies.append((now_mono, lat))
                     self.metrics.sli_duration.labels(str(min(q.attempts, 15))).observe(lat)
             elif code in (404, 409):
                 # Bound by someone else, or deleted, or (404) the node is gone, or a conflict that
@@ -504,8 +597,11 @@ class Shard:
             n = self.table.n
             free_cpu = int((self.table.free("cpu")[self.table.valid[:n]]).sum()) if n else 0
             nodes = self.table.num_nodes
+        since = time.monotonic() - RECENT_LATENCY_WINDOW_S
+        recent = [lat for t, lat in list(self._recent_latencies) if t >= since]
         return {"index": self.index, "member": self.member, "nodes": nodes, "free_cpu_milli": free_cpu,
                 "pending": self.queue.pending_counts(), "in_flight": len(self.queue.in_flight),
+                "latency_p90_s": float(np.percentile(recent, 90)) if recent else None,
                 "bound": self.stats.bound, "conflicts": self.stats.conflicts,
                 "reserve_failures": self.stats.reserve_failures, "bind_errors": self.stats.bind_errors,
                 "handed_off": self.stats.handed_off, "batches": self.stats.batches, "last_error": self.last_error}

@@ -161,6 +161,19 @@ class ReconcileResult:
     reservations: int
 
 
+@dataclass(frozen=True, slots=True)
+class FenceView:
+    """What the ledger says about one pod on one node, for audits: its lease (``holder`` shard,
+    ``token``, ``expiry_ms`` in server ms; all None without a lease), the shard and token of its
+    reservation on the node (None without one) and the node's owner in the shard map."""
+
+    holder: str | None
+    token: int | None
+    expiry_ms: int | None
+    reserved_by: tuple[str, int] | None
+    owner: str | None
+
+
 @functools.cache
 def _script_sources() -> dict[str, str]:
     folder = resources.files("shardsched.store") / "lua"
@@ -315,6 +328,12 @@ class Ledger:
     def epoch(self) -> int:
         """The current shard-map epoch (0 before the first `set_owners`)."""
         return int(self.client.get(f"{self.prefix}epoch") or 0)
+
+    @_translate_errors
+    def instance_id(self) -> str:
+        """The Redis server's run id (``INFO server``): it changes when the server restarts, which is
+        how a coordinator notices that the ledger may have lost data and must be rebuilt."""
+        return str(self.client.info("server")["run_id"])
 
     @_translate_errors
     def owners(self) -> dict[str, str]:
@@ -514,6 +533,30 @@ class Ledger:
         return int(self._scripts["sweep"](keys=self._node_keys(nodes)))
 
     # Inspection and cleanup
+
+    @_translate_errors
+    def fence_views(self, items: Sequence[tuple[str, str]]) -> tuple[int, int, list[FenceView]]:
+        """For (pod uid, node) pairs: (Redis server time in ms, the shard-map epoch, one `FenceView`
+        per pair), read in one atomic round trip. Read-only; for audits and invariant checks."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.time()
+        pipe.get(f"{self.prefix}epoch")
+        for uid, node in items:
+            pipe.hmget(self._pod_key(uid), "s", "t", "e")
+            pipe.hget(f"{self.prefix}resv:{node}", uid)
+            pipe.hget(f"{self.prefix}owners", node)
+        replies = pipe.execute()
+        seconds, micros = replies[0]
+        views = []
+        for i in range(len(items)):
+            (holder, token, expiry), raw, owner = replies[2 + 3 * i: 5 + 3 * i]
+            rec = json.loads(raw) if raw else None
+            views.append(FenceView(_text(holder) if holder is not None else None,
+                                   int(token) if token is not None else None,
+                                   int(expiry) if expiry is not None else None,
+                                   (rec[0], int(rec[1])) if rec else None,
+                                   _text(owner) if owner is not None else None))
+        return int(seconds) * 1000 + int(micros) // 1000, int(replies[1] or 0), views
 
     @_translate_errors
     def node_usage(self, node: str) -> NodeUsage:

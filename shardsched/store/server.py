@@ -245,12 +245,13 @@ class EmbeddedRedis:
             self.stop()
             raise error
 
-    def restart(self, *, crash: bool = False) -> None:
+    def restart(self, *, crash: bool = False, down_s: float = 0.0) -> None:
         """Stop the server (SIGTERM, or SIGKILL when ``crash``) and start it again on the same port
-        with the same password. Without ``appendonly`` it comes back empty. With it, a SIGTERM
-        restart keeps every write; a crash keeps what reached the AOF, which with Redis' default
-        ``appendfsync everysec`` may miss the last ~2 s of acknowledged writes, as a real Redis
-        crash would (the ledger's reconcile repairs that).
+        with the same password, after ``down_s`` seconds down (an outage longer than a restart).
+        Without ``appendonly`` it comes back empty. With it, a SIGTERM restart keeps every write; a
+        crash keeps what reached the AOF, which with Redis' default ``appendfsync everysec`` may
+        miss the last ~2 s of acknowledged writes, as a real Redis crash would (the ledger's
+        reconcile repairs that).
 
         Raises:
             RedisServerError: the server was never started, or does not come back.
@@ -259,6 +260,8 @@ class EmbeddedRedis:
             if self._dir is None:
                 raise RedisServerError("restart() of a server that was never started")
             self._terminate(signal.SIGKILL if crash else signal.SIGTERM)
+            if down_s > 0:
+                time.sleep(down_s)
             self._launch()
 
     def stop(self) -> None:
