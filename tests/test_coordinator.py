@@ -4,11 +4,13 @@ events arrive together in one poll."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from shardsched.config import load_config
+from shardsched.errors import TemporaryError
 from shardsched.sharding.coordinator import Coordinator
 from shardsched.sharding.remote import Remote
 from shardsched.sharding.shard import Shard, ShardOptions
@@ -133,3 +135,77 @@ def test_a_pod_the_admission_rejects_at_bind_stops_counting_in_the_ledger_and_th
     assert truth["cpu"] == 4000 and truth["pods"] == 4
     assert ledger.node_usage("node-00000").used == truth
     assert shard.table.requested_of("node-00000")["cpu"] == 4000
+
+
+class FlakyLedger:
+    """A real `Ledger` whose watch-side writes fail while ``down`` (Redis unreachable from the
+    coordinator only, as in a network partition)."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger = ledger
+        self.down = False
+
+    def _maybe_fail(self, name):
+        def call(*args, **kwargs):
+            if self.down:
+                raise TemporaryError(f"ledger {name}: Redis unavailable (test)")
+            return getattr(self._ledger, name)(*args, **kwargs)
+        return call
+
+    def __getattr__(self, name):
+        if name in ("observe", "forget", "upsert_nodes", "remove_nodes"):
+            return self._maybe_fail(name)
+        return getattr(self._ledger, name)
+
+
+def test_what_the_watch_shows_while_redis_is_away_reaches_the_ledger_later(ledger):
+    """Pods deleted and bound while the coordinator cannot reach Redis: the ledger's forget and
+    observe are owed, not dropped, and written once Redis answers (else the ledger would count the
+    deleted pods for ever and refuse room the cluster has)."""
+    flaky = FlakyLedger(ledger)
+    world = World(flaky, n_nodes=2)
+    world.create(4)
+    world.settle()
+    flaky.down = True
+    world.cluster.delete_pod("default", "pod-00000")
+    world.cluster.delete_pod("default", "pod-00001")
+    world.cluster.create_pods(uniform_pods(1, cpu="1", scheduler_name="rival", prefix="rival-"))
+    world.cluster.bind("default", "rival-00000", "node-00000")  # another scheduler's pod
+    world.coordinator.poll_watch()  # forget and observe fail: owed
+    flaky.down = False
+
+    world.coordinator.check_ledger()
+
+    for name in ("node-00000", "node-00001"):
+        assert ledger.node_usage(name).used == world.cluster.requested(name), name
+
+
+def test_a_hung_shard_does_not_hold_up_the_control_loop(ledger):
+    """A shard whose health ping hangs (a frozen process: the ping waits out its timeout) must not
+    stall the watch and the routing: the coordinator's loop runs on while its health thread waits."""
+    world = World(ledger, n_nodes=4, shards=2)
+    world.coordinator.health_period_s = 0.05
+    hang = threading.Event()
+    frozen = world.shards[1]
+    frozen.ping = lambda: hang.wait(10) and frozen.member  # answers only once released
+    loops = [threading.Thread(target=world.coordinator.run_forever, daemon=True)]
+    loops += [threading.Thread(target=s.run_forever, daemon=True) for s in world.shards.values()]
+    for t in loops:
+        t.start()
+    try:
+        time.sleep(0.2)  # the health thread is now stuck in the frozen shard's ping
+        started = time.monotonic()
+        world.create(6)
+        while world.cluster.invariants()["pods_unbound"] and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        waited = time.monotonic() - started
+    finally:
+        hang.set()
+        world.coordinator.stop()
+        for s in world.shards.values():
+            s.stop()
+        for t in loops:
+            t.join(5)
+
+    assert not world.cluster.invariants()["pods_unbound"]
+    assert waited < 2.0

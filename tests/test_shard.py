@@ -495,6 +495,31 @@ def test_a_shard_stalled_between_reserve_and_bind_past_its_lease_does_not_bind(l
     assert_cluster_safe(cluster)
 
 
+def test_a_shard_repartitioned_between_reserve_and_bind_does_not_bind(ledger):
+    """A's Reserve succeeds, then the coordinator hands A's node to B (epoch 2) before A binds: A is
+    a stale owner now. Its Permit is refused (FENCED): nothing bound, the pod goes to the rebalancer
+    (which routes it to the new owner), its reservation and assume are dropped."""
+    cluster = cluster_of(1, 1)
+    publish(ledger, cluster, A)
+    rebalancer = RecordingRebalancer()
+
+    class HandOverAfterReserve(HookedLedger):
+        def reserve(self, *args: Any, **kwargs: Any):
+            results = self._ledger.reserve(*args, **kwargs)
+            self._ledger.set_owners({"node-00000": B}, EPOCH + 1)
+            return results
+
+    shard = new_shard(HandOverAfterReserve(ledger, lambda: None), cluster, rebalancer)
+
+    assert shard.step() == 1
+
+    assert cluster.invariants()["binds"] == 0
+    assert [h.qpi.key for h in rebalancer.by_reason(FENCED)] == ["default/pod-00000"]
+    assert_nothing_held(ledger, shard)
+    assert lease_is_free(ledger, uid_of(cluster, "pod-00000"))
+    assert_no_pod_lost(cluster, [shard], rebalancer)
+
+
 def test_a_lease_lost_before_reserve_does_not_lose_the_pod(ledger):
     """The shard stalls past the lease TTL between its scheduling cycle and Reserve: the ledger
     answers LEASE_LOST. Nobody else has the pod, so it must stay with the shard and bind later."""

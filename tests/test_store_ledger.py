@@ -294,6 +294,45 @@ def test_renew_extends_the_lease(ledger: Ledger) -> None:
     assert ledger.acquire_leases([uid], OTHER, TTL_MS) == {}
 
 
+PERMIT_CASES = {
+    "holder-and-owner": ("current", ReserveCode.OK),
+    "wrong-token": ("wrong-token", ReserveCode.LEASE_LOST),
+    "lease-taken": ("other-holder", ReserveCode.LEASE_LOST),
+    "lease-expired": ("expired", ReserveCode.LEASE_LOST),
+    "older-epoch": ("new-epoch", ReserveCode.FENCED),
+    "node-handed-over": ("new-owner", ReserveCode.FENCED),
+}
+
+
+@pytest.mark.parametrize(("situation", "want"), PERMIT_CASES.values(), ids=PERMIT_CASES.keys())
+def test_permit(ledger: Ledger, situation: str, want: ReserveCode) -> None:
+    """The check right before a bind: the lease with the reservation's token, then the owner and
+    the epoch (reserve.lua's codes and order); a permitted lease is extended."""
+    add_nodes(ledger, "n1")
+    item = leased(ledger, "n1", ttl_ms=SHORT_TTL_MS if situation == "expired" else TTL_MS)
+    assert reserve_one(ledger, item) == ReserveCode.OK
+    token = item.token + 1 if situation == "wrong-token" else item.token
+    if situation == "expired":
+        time.sleep(AFTER_SHORT_TTL_S)
+    elif situation == "other-holder":
+        ledger.release_leases({item.uid: item.token}, SHARD)
+        assert ledger.acquire_leases([item.uid], OTHER, TTL_MS)
+    elif situation == "new-epoch":
+        ledger.set_owners({}, 2)
+    elif situation == "new-owner":
+        ledger.set_owners({"n1": OTHER}, 1)
+
+    assert ledger.permit(SHARD, 1, [ReservationRef(item.uid, "n1", token)], TTL_MS) == {item.uid: want}
+
+
+def test_permit_extends_the_lease(ledger: Ledger) -> None:
+    add_nodes(ledger, "n1")
+    item = leased(ledger, "n1", ttl_ms=SHORT_TTL_MS)
+    assert ledger.permit(SHARD, 1, [item], TTL_MS) == {item.uid: ReserveCode.OK}
+    time.sleep(AFTER_SHORT_TTL_S)
+    assert ledger.acquire_leases([item.uid], OTHER, TTL_MS) == {}
+
+
 def test_release_leases_needs_the_current_token(ledger: Ledger) -> None:
     uid = new_uid()
     token = ledger.acquire_leases([uid], SHARD, TTL_MS)[uid]

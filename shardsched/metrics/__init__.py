@@ -89,6 +89,9 @@ class ShardMetrics:
             ["extension_point", "status", "profile"], buckets=EXTENSION_BUCKETS, registry=r)
         self.ledger_reserve = Counter(
             PREFIX + "ledger_reserve_total", "Pods reserved in the Redis ledger, by result code.", ["code"], registry=r)
+        self.ledger_permit = Counter(
+            PREFIX + "ledger_permit_total",
+            "Pods checked in the Redis ledger right before binding (Permit), by result code.", ["code"], registry=r)
         self.ledger_calls = Histogram(
             PREFIX + "ledger_call_duration_seconds", "Latency of Redis ledger calls.", ["op"],
             buckets=EXTENSION_BUCKETS, registry=r)

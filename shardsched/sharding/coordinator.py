@@ -138,6 +138,7 @@ class Coordinator:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._last_health = 0.0
+        self._health_thread: threading.Thread | None = None  # `run_forever` checks health there
         self.last_error = ""
         self.replaced = 0
         # run-time scaling (`scale`, `enable_autoscaler`)
@@ -156,6 +157,11 @@ class Coordinator:
         self._last_autoscale = 0.0
         self.ledger_rebuilds = 0
         self._ledger_instance: str | None = None  # Redis run id the ledger was written to
+        # what the watch showed and the ledger has not taken yet (Redis away): node upserts (None:
+        # removal), pods bound (observe), pods gone (forget); written by `_flush_ledger`
+        self._owed_nodes: dict[str, NodeEntry | None] = {}
+        self._owed_observe: dict[str, BoundPod] = {}
+        self._owed_forget: dict[str, str] = {}
 
     # ------------------------------------------------------------------ start
     def adopt(self, shards: Mapping[int, tuple[str, Remote]]) -> None:
@@ -234,7 +240,11 @@ class Coordinator:
 
     # ------------------------------------------------------------------ the loop
     def run_forever(self) -> None:
-        """Poll the watch, rebalance, check health; each step logs its own errors and goes on."""
+        """Poll the watch, rebalance, check health; each step logs its own errors and goes on.
+        Health checks run in a thread of their own: a hung shard's pings wait out their timeout,
+        which must not hold up the watch and the routing for every other shard."""
+        self._health_thread = threading.Thread(target=self._health_loop, name="coordinator-health", daemon=True)
+        self._health_thread.start()
         while not self._stop.is_set():
             try:
                 busy = self.step()
@@ -245,6 +255,15 @@ class Coordinator:
             if not busy:
                 self._stop.wait(self.poll_s)
 
+    def _health_loop(self) -> None:
+        while not self._stop.wait(self.health_period_s):
+            try:
+                self.check_health()
+                self.check_ledger()
+            except Exception as e:  # noqa: BLE001 - the health loop never dies
+                self.last_error = f"health check: {type(e).__name__}: {e}"
+                log.exception("coordinator health check failed")
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -253,7 +272,7 @@ class Coordinator:
             busy = self.poll_watch()
             busy = self.rebalance() or busy
             self._sweep_limbo()
-        if time.monotonic() - self._last_health >= self.health_period_s:
+        if self._health_thread is None and time.monotonic() - self._last_health >= self.health_period_s:
             self._last_health = time.monotonic()
             self.check_health()
             self.check_ledger()
@@ -318,14 +337,13 @@ class Coordinator:
                 owner = self.owners[info.name]
                 entries.append(NodeEntry(info.name, info.allocatable, self.shards[owner].member))
                 upserts[owner].append(info.obj)
-        try:
-            if entries:
-                self.ledger.upsert_nodes(entries)
-            gone = [n for ns in removals.values() for n in ns]
-            if gone:
-                self.ledger.remove_nodes(gone)
-        except TemporaryError as e:
-            self.last_error = f"ledger unavailable: {e}"
+        for entry in entries:
+            queued = self._owed_nodes.get(entry.name)
+            keep_owner = entry.owner is None and queued is not None and queued.owner is not None
+            self._owed_nodes[entry.name] = NodeEntry(entry.name, entry.allocatable, queued.owner) if keep_owner else entry
+        for name in (n for ns in removals.values() for n in ns):
+            self._owed_nodes[name] = None
+        self._flush_ledger()
         self._owner_slots()
         for index in set(upserts) | set(removals):
             self.shards[index].remote.call("apply_nodes", upserts.get(index, []), removals.get(index, []))
@@ -405,13 +423,12 @@ class Coordinator:
                 if key not in self.invalid:
                     self.invalid[key] = str(e)
                     self._fail_pod(obj, f"invalid pod spec: {e}")
-        try:
-            if observe:
-                self.ledger.observe(observe)
-            if forget:
-                self.ledger.forget(forget)
-        except TemporaryError as e:
-            self.last_error = f"ledger unavailable: {e}"  # reconciled on the next relist
+        for bound in observe:
+            self._owed_observe[bound.uid] = bound
+        for uid, node in forget.items():
+            self._owed_observe.pop(uid, None)  # bound and gone while Redis was away: forget says it all
+            self._owed_forget[uid] = node
+        self._flush_ledger()
         for index, items in adds.items():
             self.shards[index].remote.call("apply_bound", items, [])
         for index, uids in removes.items():
@@ -558,10 +575,43 @@ class Coordinator:
         self.counters["invalid"] += 1
 
     # ------------------------------------------------------------------ health
+    def _flush_ledger(self) -> bool:
+        """Write to the ledger what the watch showed (nodes added, changed or removed; pods bound;
+        pods deleted or terminal), in that order. What Redis does not take now (it is away) stays
+        owed and is written by a later call (every health period at least): these writes are
+        idempotent, and a pod both bound and gone meanwhile is only forgotten, so the ledger ends
+        equal to the cluster however long Redis was away. Call with the state lock held.
+
+        Returns: True when nothing is owed any more."""
+        try:
+            if self._owed_nodes:
+                upserts = [e for e in self._owed_nodes.values() if e is not None]
+                if upserts:
+                    self.ledger.upsert_nodes(upserts)
+                gone = [n for n, e in self._owed_nodes.items() if e is None]
+                if gone:
+                    self.ledger.remove_nodes(gone)
+                self._owed_nodes.clear()
+            if self._owed_observe:
+                self.ledger.observe(list(self._owed_observe.values()))
+                self._owed_observe.clear()
+            if self._owed_forget:
+                self.ledger.forget(dict(self._owed_forget))
+                self._owed_forget.clear()
+        except TemporaryError as e:
+            owed = len(self._owed_observe) + len(self._owed_forget)
+            self.last_error = f"ledger unavailable: {e}; {len(self._owed_nodes)} nodes and {owed} pods owed to it"
+            return False
+        return True
+
     def check_ledger(self) -> None:
-        """Rebuild the ledger when Redis restarted (its run id changed): without persistence it came
-        back empty (no nodes, no shard map, no leases), and with AOF it may have lost its last
-        second of writes (reservations, commits, observed pods). See `rebuild_ledger`."""
+        """Write what is owed to the ledger (`_flush_ledger`), and rebuild it when Redis restarted
+        (its run id changed): without persistence it came back empty (no nodes, no shard map, no
+        leases), and with AOF it may have lost its last second of writes (reservations, commits,
+        observed pods). See `rebuild_ledger`."""
+        if self._owed_nodes or self._owed_observe or self._owed_forget:
+            with self._lock:
+                self._flush_ledger()
         try:
             instance = self.ledger.instance_id()
         except TemporaryError:

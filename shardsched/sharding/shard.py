@@ -8,8 +8,9 @@ One loop step (kube's scheduling cycle + binding cycle, batched):
    the batch see it (in-batch assume);
 4. Reserve: one Redis call re-checks every placement against the ledger (the second resource check,
    fenced by lease token and shard-map epoch);
-5. Permit: renew the batch's leases (one Redis call); a pod whose lease was lost meanwhile is not
-   bound (the API server cannot check fencing tokens, so the shard checks its own right before);
+5. Permit: one Redis call re-checks the batch's leases and the shard map and extends the leases;
+   a pod whose lease was lost, or whose node this shard no longer owns, is not bound (the API
+   server cannot check fencing tokens, so the shard checks its own right before);
 6. Bind the reserved pods in one call to the cluster; then commit (bound) or roll back.
 
 Every failure after the assume goes through one rollback path (`_rollback`: release the
@@ -397,22 +398,24 @@ class Shard:
 
         # Permit, then the binding cycle: one call each for the batch.
         if to_bind:
-            to_bind = self._permit(to_bind)
+            to_bind = self._permit(to_bind, handoffs)
         if to_bind:
             self._bind(to_bind, handoffs, started)
         self._handoff(handoffs)
         return popped
 
-    def _permit(self, to_bind):
-        """Right before binding, renew the batch's leases (one Redis call) and keep only the pods
-        whose lease this shard still holds with its token: a stall since the leases were taken
-        (longer than their TTL), or Redis restarted without its data, may have let another shard
-        take a pod with a newer token, and the API server cannot check tokens. A lost pod is rolled
-        back and retried; with Redis away nothing is bound (its reservations and leases expire).
-        The renewed leases cover the bind call for another lease TTL."""
+    def _permit(self, to_bind, handoffs: list[Handoff]):
+        """Right before binding, check the batch in the ledger (`Ledger.permit`, one Redis call):
+        keep only the pods whose lease this shard still holds with its token, on nodes it still
+        owns at the current epoch. The API server cannot check fencing tokens, so a shard that
+        stalled since its Reserve (longer than the lease TTL), that the coordinator replaced or
+        repartitioned meanwhile, or whose Redis restarted without its data must not bind. A pod
+        that fails is rolled back: retried here (lease lost) or handed to the rebalancer (fenced).
+        With Redis away nothing is bound (reservations and leases expire). The permitted leases
+        are extended by a lease TTL, to cover the bind call."""
+        refs = [ReservationRef(q.pod_info.uid, r.node, tok) for q, r, tok in to_bind]
         try:
-            kept = self.ledger.renew_leases({q.pod_info.uid: tok for q, _, tok in to_bind}, self.member,
-                                            self.options.lease_ttl_ms)
+            codes = self.ledger.permit(self.member, self.epoch, refs, self.options.lease_ttl_ms)
         except TemporaryError as e:
             with self._lock:
                 for q, _, _ in to_bind:
@@ -421,14 +424,19 @@ class Shard:
             return []
         out = []
         for q, r, tok in to_bind:
-            if q.pod_info.uid in kept:
+            code = codes[q.pod_info.uid]
+            self.metrics.ledger_permit.labels(code.name).inc()
+            if code == ReserveCode.OK:
                 out.append((q, r, tok))
                 continue
             self.stats.reserve_failures += 1
-            self.metrics.leases.labels("lost").inc()
             self._rollback(q, r.node, tok, release=True)
-            q.last_failure_reason = "pod lease lost before binding"
-            self.queue.requeue_backoff(q)
+            if code == ReserveCode.FENCED:
+                handoffs.append(Handoff(q, FENCED, f"shard {self.member} no longer owns node {r.node} (at Permit)"))
+            else:
+                self.metrics.leases.labels("lost").inc()
+                q.last_failure_reason = "pod lease lost before binding"
+                self.queue.requeue_backoff(q)
         return out
 
     def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:

@@ -65,7 +65,7 @@ _FIT_ORDER = (PODS, CPU, MEMORY, EPHEMERAL_STORAGE)
 _SCRIPTS = (
     "node_upsert", "node_remove", "set_owners",
     "lease_acquire", "lease_renew", "lease_release",
-    "reserve", "commit", "release", "observe", "forget", "reconcile", "sweep",
+    "reserve", "permit", "commit", "release", "observe", "forget", "reconcile", "sweep",
 )
 _OBSERVE_MOVED = 7  # observe.lua: the pod's reservation is on a node whose keys were not passed
 _OBSERVE_ATTEMPTS = 5
@@ -420,6 +420,25 @@ class Ledger:
         pods = [[it.uid, index[it.node], str(int(it.token)), _encode_resources(it.requests, pod=True)] for it in items]
         flat = json.loads(self._scripts["reserve"](keys=keys, args=[shard, int(epoch), ttl_ms, _json([nodes, pods])]))
         return [ReserveResult(it.uid, it.node, ReserveCode(flat[2 * i]), flat[2 * i + 1]) for i, it in enumerate(items)]
+
+    @_translate_errors
+    def permit(self, shard: str, epoch: int, refs: Sequence[ReservationRef], ttl_ms: int) -> dict[str, ReserveCode]:
+        """Right before binding reserved pods (kube's Permit point): per pod, the lease must still be
+        live and held by ``shard`` with ``ref.token`` (else LEASE_LOST), and ``shard`` must still own
+        ``ref.node`` at ``epoch``, the current epoch (else FENCED); then the lease is extended to
+        server-now + ``ttl_ms``, to cover the bind. One Redis call; nothing else changes.
+
+        Returns: uid -> OK, LEASE_LOST or FENCED.
+        """
+        refs = list(refs)
+        _check_unique([r.uid for r in refs])
+        _check_ttl(ttl_ms)
+        if not refs:
+            return {}
+        keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(r.uid) for r in refs]
+        pods = [[str(int(r.token)), r.node] for r in refs]
+        codes = json.loads(self._scripts["permit"](keys=keys, args=[shard, int(epoch), ttl_ms, _json(pods)]))
+        return {r.uid: ReserveCode(c) for r, c in zip(refs, codes)}
 
     def _per_pod(self, script: str, refs: Sequence[ReservationRef]) -> dict[str, LedgerCode]:
         _check_unique([r.uid for r in refs])

@@ -1,0 +1,301 @@
+"""The verdict of a chaos run: the invariants of DESIGN.md checked on what the API server saw, the
+throughput around the faults, and the counters that explain them.
+
+Sources, none of them the scheduler's own opinion where an invariant is concerned:
+
+- the API's bind log (`chaos.audit.AuditedSimCluster`): every applied bind with its time, binder,
+  fencing verdict (checked against the ledger when the bind was applied) and admission outcome;
+- the cluster at the end (pods without a node) and the coordinator's pending pods (a pod nobody
+  tracks is lost);
+- the ledger compared node by node with the cluster (`ChaosRun._check_ledger`);
+- the shards' and the coordinator's metrics (polled during the run, so a killed shard's last
+  numbers count) for the explanation.
+
+Definitions:
+
+- ``overcommitted_nodes``: nodes where the kubelet-like admission rejected a pod bound by a
+  scheduler that goes through the ledger (shards, or a ledger-respecting rival), plus nodes whose
+  bound pods exceed allocatable. A node where a bypassing rival had bound pods before the rejection
+  is counted under ``rival.bypass`` instead: that overcommit is the rival's, detected by admission.
+- ``double_binds``: binds applied to a pod already bound (the API's own count and the bind log's).
+- ``stale_token_binds``: binds applied while the pod's lease was missing or expired, or held with a
+  token other than the one of the pod's reservation on that node (`chaos.audit.STALE`).
+- ``lost_pods``: pods of ours without a node at the end that the coordinator does not track;
+  a run that does not settle by its deadline also fails ``no_lost_pods`` (pods stuck pending).
+- ``recovery_s``: per fault, from its start to the first moment from which the bind rate (in 1 s
+  windows) stays at 90 % or more of the pre-fault rate for 2 s (the rate from the first bind to the
+  first fault; the 5 s before the fault when the first fault came too early for that): 0 when
+  the fault made no dent; for a fault that lasts (a partition), the time after its end is also
+  given (``recovery_after_end_s``). The verdict's ``recovery_s`` is the largest. None when it could
+  not be measured (no rate before the fault, or the work ran out first).
+- ``pods_per_s``: before the first fault, during the faults (first start to last end), after.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chaos.audit import BYPASS, SCHEDULER, STALE
+from chaos.scenario import INVARIANTS
+from shardsched.sim import SCHEDULER_NAME
+
+if TYPE_CHECKING:
+    from chaos.runner import ChaosRun
+    from shardsched.sharding.runtime import RunReport
+
+WINDOW_S = 1.0
+STAY_S = 2.0
+BEFORE_S = 5.0
+RECOVERED = 0.9
+KILL_GRACE_S = 5.0
+
+
+@dataclass
+class Verdict:
+    """The verdict (see module docstring); `to_json` is the ``-o json`` contract."""
+
+    data: dict[str, Any]
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "violations": self.violations, **self.data}
+
+
+def _sum_samples(families: list, sample: str, label: str) -> Counter:
+    out: Counter = Counter()
+    for _, _, _, samples in families:
+        for name, labels, value in samples:
+            if name == sample:
+                out[labels.get(label, "")] += int(value)
+    return out
+
+
+def _rate(times: np.ndarray, start: float, end: float) -> float | None:
+    if end - start < WINDOW_S:
+        return None
+    return float(((times >= start) & (times < end)).sum() / (end - start))
+
+
+def _recovery(times: np.ndarray, start: float, first_bind: float,
+              reference: float | None = None) -> tuple[float | None, float | None]:
+    """(the pre-fault rate: ``reference``, or else the bind rate in the `BEFORE_S` before ``start``;
+    seconds from ``start`` to the first moment from which the rate is back at `RECOVERED` of it for
+    `STAY_S`, in 1 s windows): 0 when the fault made no dent; None when there was no rate before,
+    or the work ran out first."""
+    before = reference or _rate(times, max(first_bind, start - BEFORE_S), start)
+    if not before:
+        return before, None
+    last = float(times[-1]) if len(times) else start
+    t = start
+    while t + STAY_S <= last + 1e-9:
+        if all(((times >= w) & (times < w + WINDOW_S)).sum() / WINDOW_S >= RECOVERED * before
+               for w in np.arange(t, t + STAY_S - 1e-9, WINDOW_S)):
+            return before, round(t - start, 2)
+        t += 0.1
+    return before, None
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    """Numbers of nested dicts and lists by dotted path (``faults.0.refused``); for ``exercised``."""
+    if isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[prefix] = value
+
+
+def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
+    s = run.scenario
+    t0 = run.t0_wall
+    log = run.audit.get("log", [])
+    fence_counts = run.audit.get("verdicts", {})
+
+    # ---- binds as the API applied them
+    ours = sorted(e[0] - t0 for e in log if e[7] == SCHEDULER_NAME and e[3] == SCHEDULER)
+    times = np.asarray(ours)
+    first_bind = float(times[0]) if len(times) else 0.0
+    bound_at: dict[str, float] = {}
+    binds_per_key: Counter = Counter()
+    bypass_since: dict[str, float] = {}
+    for t, key, node, binder, *_ in log:
+        binds_per_key[key] += 1
+        bound_at.setdefault(key, t)
+        if binder == BYPASS:
+            bypass_since.setdefault(node, t)
+    over_nodes, bypass_nodes = set(), set()
+    rejected = Counter()
+    for t, key, node, binder, fence, phase, reason, sched in log:
+        if phase != "Failed" or not reason.startswith("OutOf"):
+            continue
+        if binder == BYPASS:
+            rejected["rival_pods"] += 1
+            bypass_nodes.add(node)
+        elif node in bypass_since and bypass_since[node] <= t:
+            rejected["ours_on_bypassed_nodes" if sched == SCHEDULER_NAME else "ledger_rival_on_bypassed_nodes"] += 1
+            bypass_nodes.add(node)
+        else:
+            rejected["through_the_ledger"] += 1
+            over_nodes.add(node)
+    over_nodes |= set(report.invariants.get("overcommitted_nodes", ()))
+    stale = [e for e in log if e[3] == SCHEDULER and e[4] in STALE]
+    double = max(int(report.invariants.get("double_binds", 0)), sum(1 for n in binds_per_key.values() if n > 1))
+
+    # ---- pods at the end
+    unbound = set(run.unbound_keys)
+    lost = sorted(unbound - run.tracked_keys)
+    status = run.final_status
+
+    # ---- faults: recovery and throughput
+    faults_out = []
+    recoveries = []
+    first_fault = min((f.start for f in run.faults), default=None)
+    # the steady rate before the first fault is the reference for every fault (a later fault's own
+    # "before" would include the catch-up burst after the previous one)
+    reference = _rate(times, first_bind, first_fault - t0) if first_fault is not None else None
+    for f in run.faults:
+        start, end = f.start - t0, (f.end or f.start) - t0
+        before, rec = _recovery(times, start, first_bind, reference)
+        faults_out.append({"action": f.action, "at_s": round(start, 2), "end_s": round(end, 2),
+                           "rate_before": round(before, 1) if before else before, "recovery_s": rec,
+                           "recovery_after_end_s": round(max(0.0, rec - (end - start)), 2) if rec is not None else None,
+                           **f.details, **({"error": f.error} if f.error else {})})
+        if rec is not None:
+            recoveries.append(rec)
+    if run.faults:
+        f_start = min(f.start for f in run.faults) - t0
+        f_end = max(max((f.end or f.start) for f in run.faults) - t0, f_start + WINDOW_S)
+    else:
+        f_start = f_end = float(times[-1]) if len(times) else 0.0
+    last_bind = float(times[-1]) if len(times) else 0.0
+    pods_per_s = {"before": _rate(times, first_bind, f_start), "during": _rate(times, f_start, f_end),
+                  "after": _rate(times, f_end, last_bind)}
+    pods_per_s = {k: round(v, 1) if v is not None else None for k, v in pods_per_s.items()}
+
+    # ---- killed shards' pods (invariant 4): those it held when killed, and those created until the
+    # next kill or the limit (the coordinator routes some of them to the dead shard until it replaces
+    # it); each waits from the kill or from its creation, whichever is later
+    kills_out = []
+    limit = s.shards.lease_ttl_s + KILL_GRACE_S
+    created = run.created_at()
+    for i, kill in enumerate(run.kills):
+        until = min(run.kills[i + 1].at if i + 1 < len(run.kills) else kill.at + limit, kill.at + limit)
+        held = set(kill.keys) - (set(run.kills[i + 1].keys) if i + 1 < len(run.kills) else set())
+        keys = held | {k for k, c in created.items() if kill.at <= c < until}
+        waits = [bound_at[k] - max(kill.at, created.get(k, 0.0)) for k in keys if k in bound_at]
+        pending = [k for k in keys if k not in bound_at and k in unbound]
+        kills_out.append({"index": kill.index, "member": kill.member, "at_s": round(kill.at - t0, 2),
+                          "pods_held": len(kill.keys), "pods_counted": len(keys),
+                          "bound_within_s": round(max(waits), 2) if waits else 0.0,
+                          "still_pending": len(pending), "limit_s": limit})
+
+    # ---- metrics that explain
+    shard_fams = [c["samples"] for c in run.shard_counters.values()]
+    reserve = Counter()
+    permit = Counter()
+    binds = Counter()
+    leases = Counter()
+    shard_requeues = Counter()
+    for fams in shard_fams:
+        reserve += _sum_samples(fams, "shardsched_ledger_reserve_total", "code")
+        permit += _sum_samples(fams, "shardsched_ledger_permit_total", "code")
+        binds += _sum_samples(fams, "shardsched_bind_total", "result")
+        leases += _sum_samples(fams, "shardsched_lease_acquire_total", "result")
+        shard_requeues += _sum_samples(fams, "shardsched_rebalancer_requeues_total", "reason")
+    coord_requeues = Counter()
+    for fams in run.coordinator_samples.values():
+        coord_requeues += _sum_samples(fams, "shardsched_rebalancer_requeues_total", "reason")
+    metrics = {
+        "requeues": int(status.get("requeues", 0)) + run.carried["requeues"] + sum(shard_requeues.values()),
+        "requeues_by_reason": dict(coord_requeues + shard_requeues),
+        "conflicts": binds.get("conflict", 0),
+        "reserve_results": dict(reserve),
+        "reserve_failures_by_code": {k: v for k, v in reserve.items() if k != "OK"},
+        "permit_failures_by_code": {k: v for k, v in permit.items() if k != "OK"},
+        "bind_results": dict(binds),
+        "lease_held_elsewhere": leases.get("held_elsewhere", 0),
+        "lease_lost_before_bind": leases.get("lost", 0),
+        "replaced_shards": int(status.get("replaced_shards", 0)) + run.carried["replaced_shards"],
+        "coordinator_restarts": run.coordinator_restarts,
+        "ledger_rebuilds": int(status.get("ledger_rebuilds", 0)),
+        "admission_rejections": int(report.invariants.get("admission_rejections", 0)),
+        "admission_rejections_by_cause": dict(rejected),
+        "injected_bind_faults": report.invariants.get("injected_faults", {}),
+        "fence_verdicts": fence_counts,
+        "unverified_binds": fence_counts.get("unverified", 0),
+        "stale_epoch_binds": fence_counts.get("stale_epoch", 0),
+        "shards_polled": len(run.shard_counters),
+    }
+    rivals = [r.report() for r in run.rivals]
+    rival_out = None
+    if rivals:
+        rival_out = {"runs": rivals, "bypass": {"overcommitted_nodes": len(bypass_nodes),
+                                                "rival_pods_rejected": rejected["rival_pods"],
+                                                "our_pods_rejected": rejected["ours_on_bypassed_nodes"]}}
+
+    data = {
+        "scenario": s.name, "short": run.short, "seed": s.seed, "settled": run.settled,
+        "overcommitted_nodes": len(over_nodes), "double_binds": double, "stale_token_binds": len(stale),
+        "lost_pods": len(lost), "recovery_s": max(recoveries) if recoveries else None,
+        "pods_per_s": pods_per_s,
+        #: our pods bound in each second of the run, from the start of the workload
+        "binds_per_second": np.bincount(times.astype(int)).tolist() if len(times) else [],
+        "pods": {"total": report.pods_total, "bound": len(times),
+                 "unbound": len(unbound), "unschedulable": int(status.get("unschedulable", 0)),
+                 "pending": int(status.get("pending", 0)) - int(status.get("unschedulable", 0))},
+        "faults": faults_out,
+        "shard_kills": kills_out,
+        "metrics": metrics,
+        "rival": rival_out,
+        "ledger": run.ledger_check,
+        "nodes": s.cluster.nodes, "shards": s.shards.count, "wall_s": round(report.wall_s, 1),
+        "examples": {"overcommitted_nodes": sorted(over_nodes)[:5], "lost_pods": lost[:5],
+                     "stale_binds": [{"at_s": round(e[0] - t0, 3), "pod": e[1], "node": e[2], "fence": e[4]}
+                                     for e in stale[:5]]},
+        "errors": report.errors + [f"{f.action}: {f.error}" for f in run.faults if f.error],
+    }
+
+    # ---- judge
+    v: list[str] = []
+    wanted = set(s.invariants)
+    if "no_overcommit" in wanted and over_nodes:
+        v.append(f"no_overcommit: {len(over_nodes)} nodes overcommitted through the ledger")
+    if "no_double_bind" in wanted and double:
+        v.append(f"no_double_bind: {double} double binds")
+    if "no_stale_token_bind" in wanted and stale:
+        v.append(f"no_stale_token_bind: {len(stale)} binds applied under a stale token "
+                 f"({dict(Counter(e[4] for e in stale))})")
+    if "no_lost_pods" in wanted:
+        if lost:
+            v.append(f"no_lost_pods: {len(lost)} pods unbound and tracked by nobody")
+        if not run.settled:
+            v.append(f"no_lost_pods: the run did not settle within {s.duration_s:g} s "
+                     f"({data['pods']['pending']} pods still pending)")
+    if "shard_recovery" in wanted:
+        for k in kills_out:
+            if k["bound_within_s"] > limit or k["still_pending"]:
+                v.append(f"shard_recovery: shard {k['member']} killed at {k['at_s']} s: its pods bound within "
+                         f"{k['bound_within_s']} s (limit {limit:g}), {k['still_pending']} not bound")
+    if "ledger_converges" in wanted and run.ledger_check.get("drift_nodes"):
+        v.append(f"ledger_converges: {run.ledger_check['drift_nodes']} nodes differ from the cluster")
+    flat: dict[str, float] = {}
+    _flatten("", data, flat)
+    exercised = {}
+    for path, minimum in s.exercised.items():
+        value = flat.get(path, 0)
+        exercised[path] = {"value": value, "min": minimum}
+        if value < minimum:
+            v.append(f"exercised: {path} = {value} < {minimum:g}: the fault did not happen as the scenario says")
+    data["exercised"] = exercised
+    data["invariants_checked"] = {name: INVARIANTS[name] for name in s.invariants}
+    if data["errors"]:
+        v.append(f"errors: {len(data['errors'])} (see errors)")
+    return Verdict(data, v)
