@@ -43,7 +43,7 @@ import urllib3
 from shardsched.errors import PermanentError, TemporaryError
 from shardsched.kube.client import Api, Garbage, classify, iter_lines
 from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, WatchEvent
-from shardsched.sim.errors import Gone, Invalid
+from shardsched.sim.errors import Gone, Invalid, read_event_log
 
 log = logging.getLogger(__name__)
 
@@ -220,24 +220,8 @@ class Store:
         Returns: (events, new_rv). Raises: `Gone` (``rv`` compacted away, or from another
         instance: list again), `Invalid` (``rv`` not an integer, ``limit`` < 1).
         """
-        try:
-            rv = int(rv)
-        except (TypeError, ValueError):
-            raise Invalid(f"resourceVersion: {rv!r} is not a valid resource version") from None
-        if limit is not None and limit < 1:
-            raise Invalid(f"limit: {limit} must be >= 1")
         with self._lock:
-            if rv < self._compacted:
-                raise Gone(f"too old resource version: {rv} (oldest available: {self._compacted})")
-            if rv > self._seq:
-                raise Gone(f"resource version {rv} is newer than this informer's ({self._seq})")
-            tail = self._log[rv - self._compacted:]
-            if kinds is not None:
-                wanted = frozenset(kinds)
-                tail = [ev for ev in tail if ev.kind in wanted]
-            if limit is not None and len(tail) > limit:
-                return tail[:limit], tail[limit - 1].rv
-            return tail, self._seq
+            return read_event_log(self._log, self._compacted, self._seq, rv, kinds, limit, "informer")
 
     def counts(self) -> dict[str, int]:
         """Objects per watch (for health and metrics)."""

@@ -51,7 +51,8 @@ from typing import Any, Iterable, Mapping, NamedTuple
 from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.errors import InvalidObjectError
-from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+from shardsched.sim.errors import (AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout,
+                                   read_event_log)
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 NODE, POD = "Node", "Pod"
@@ -328,25 +329,8 @@ class SimCluster:
                 (it came from another instance); list again.
             Invalid: ``rv`` is not an integer, or ``limit`` < 1.
         """
-        try:
-            rv = int(rv)
-        except (TypeError, ValueError):
-            raise Invalid(f"resourceVersion: {rv!r} is not a valid resource version") from None
-        if limit is not None and limit < 1:
-            raise Invalid(f"limit: {limit} must be >= 1")
         with self._lock:
-            if rv < self._compacted_rv:
-                raise Gone(f"too old resource version: {rv} (oldest available: {self._compacted_rv})")
-            if rv > self._rv:
-                raise Gone(f"resource version {rv} is newer than this cluster's ({self._rv})")
-            # The history is contiguous: self._history[i].rv == self._compacted_rv + 1 + i.
-            tail = self._history[rv - self._compacted_rv:]
-            if kinds is not None:
-                wanted = frozenset(kinds)
-                tail = [ev for ev in tail if ev.kind in wanted]
-            if limit is not None and len(tail) > limit:
-                return tail[:limit], tail[limit - 1].rv
-            return tail, self._rv
+            return read_event_log(self._history, self._compacted_rv, self._rv, rv, kinds, limit, "cluster")
 
     def events_for(self, namespace: str, name: str) -> list[dict]:
         """Events recorded about an object, oldest first (``namespace`` "" for nodes)."""

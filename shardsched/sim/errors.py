@@ -8,6 +8,7 @@ request cannot succeed). Each class carries the HTTP ``code`` and the Kubernetes
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 from shardsched.errors import PermanentError, ShardschedError, TemporaryError
@@ -75,3 +76,36 @@ class Timeout(ApiError, TemporaryError):
 class TraceError(ShardschedError):
     """A trace file cannot be read at all: it is missing, unreadable, or its header lacks
     required columns. (Malformed rows are skipped and reported instead, see `sim.trace`.)"""
+
+
+def read_event_log(log: Sequence, compacted_rv: int, current_rv: int, rv: int | str,
+                   kinds: Iterable[str] | None, limit: int | None, owner: str) -> tuple[list, int]:
+    """The ``events_since`` contract over a contiguous event log, shared by the simulated cluster and
+    the kube informer: ``log[i].rv == compacted_rv + 1 + i``. Call with the owner's lock held.
+
+    Returns:
+        (events after ``rv``, oldest first, filtered by ``kinds`` and cut at ``limit``; the rv to
+        pass next: ``current_rv``, or the last returned event's when ``limit`` cut the answer).
+
+    Raises:
+        Invalid: ``rv`` is not an integer, or ``limit`` < 1.
+        Gone: ``rv`` was compacted away, or is newer than ``current_rv`` (it came from another
+            instance, named by ``owner`` in the message): list again.
+    """
+    try:
+        rv = int(rv)
+    except (TypeError, ValueError):
+        raise Invalid(f"resourceVersion: {rv!r} is not a valid resource version") from None
+    if limit is not None and limit < 1:
+        raise Invalid(f"limit: {limit} must be >= 1")
+    if rv < compacted_rv:
+        raise Gone(f"too old resource version: {rv} (oldest available: {compacted_rv})")
+    if rv > current_rv:
+        raise Gone(f"resource version {rv} is newer than this {owner}'s ({current_rv})")
+    tail = log[rv - compacted_rv:]
+    if kinds is not None:
+        wanted = frozenset(kinds)
+        tail = [ev for ev in tail if ev.kind in wanted]
+    if limit is not None and len(tail) > limit:
+        return tail[:limit], tail[limit - 1].rv
+    return tail, current_rv
