@@ -259,7 +259,8 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
         "nodes": s.cluster.nodes, "shards": s.shards.count, "wall_s": round(report.wall_s, 1),
         "examples": {"overcommitted_nodes": sorted(over_nodes)[:5], "lost_pods": lost[:5],
                      "stale_binds": [{"at_s": round(e[0] - t0, 3), "pod": e[1], "node": e[2], "fence": e[4]}
-                                     for e in stale[:5]]},
+                                     for e in stale[:5]],
+                     "stale_epoch_binds": sorted({round(e[0] - t0, 1) for e in log if e[4] == "stale_epoch"})[:10]},
         "errors": report.errors + [f"{f.action}: {f.error}" for f in run.faults if f.error],
     }
 
