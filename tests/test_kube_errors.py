@@ -69,8 +69,8 @@ def test_rbac_denied_list_is_a_clear_permanent_error(server, cluster):
 def test_missing_permissions_are_listed_by_name(server, cluster):
     server.deny("create", "pods/binding")
     server.deny("update", "leases")
-    assert cluster.missing_permissions("kube-system") == ["create pods/binding",
-                                                         "update coordination.k8s.io/leases in namespace kube-system"]
+    assert cluster.missing_permissions("kube-system", "shardsched") == [
+        "create pods/binding", "update coordination.k8s.io/leases shardsched in namespace kube-system"]
 
 
 def test_wrong_token_is_unauthorized(server, tmp_path):
@@ -113,6 +113,19 @@ def test_watch_survives_garbage_errors_and_cuts_without_losing_events(server, cl
     assert names == [f"p{i}" for i in range(5)]
     watches = cluster.health()["watches"]
     assert all(w["lists"] == 1 for w in watches.values()), "no relist was needed"
+
+
+def test_a_transient_403_on_a_watch_is_reported_then_cleared(server, cluster):
+    """A real kube-apiserver answers 403 for a moment after it restarts (its RBAC caches are not
+    filled yet): health reports the permanent error while it lasts and stops once a watch opens."""
+    _, rv = cluster.list_pods()
+    server.fail("GET", "/api/v1/pods", status=403, query="watch=true", times=2)
+    server.cut_watches()
+    wait_for(lambda: cluster.health()["permanent_error"] != "")
+    assert "RBAC denied" in cluster.health()["permanent_error"]
+    wait_for(lambda: cluster.health()["permanent_error"] == "")
+    pending(server.sim, "after-403")
+    wait_for(lambda: any(e.object["metadata"]["name"] == "after-403" for e in cluster.events_since(rv)[0]))
 
 
 def test_watch_410_relists_and_reports_the_difference(server, cluster):

@@ -173,12 +173,16 @@ def leader_election_scenario(api_server_sim_create, bound_check, kubeconfig: str
     assert a.leading() != b.leading(), "exactly one active coordinator"
     leader, standby = (a, b) if a.leading() else (b, a)
     assert standby.readyz()[1].get("phase") == "standby"
-    api_server_sim_create("first")
-    wait_for(lambda: bound_check("first"), what="bound by the leader")
-    assert leader.stop() == 0
-    wait_for(standby.leading, 15, "the standby to take over")
-    api_server_sim_create("second")
-    wait_for(lambda: bound_check("second"), what="bound by the new leader")
+    try:
+        api_server_sim_create("first")
+        wait_for(lambda: bound_check("first"), what="bound by the leader")
+        assert leader.stop() == 0
+        wait_for(standby.leading, 15, "the standby to take over")
+        api_server_sim_create("second")
+        wait_for(lambda: bound_check("second"), what="bound by the new leader")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- leader's output:\n{leader.output()[-3000:]}\n"
+                             f"--- standby's output:\n{standby.output()[-3000:]}") from None
 
 
 def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_server, kubeconfig, redis_server,
@@ -187,6 +191,36 @@ def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_ser
                              kubeconfig, redis_server.url, processes, "kube-system")
     lease = api_server.leases[("kube-system", "shardsched")]
     assert lease["spec"]["holderIdentity"]
+
+
+def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> dict:
+    """``serve --bench`` as a user runs it; returns its JSON report."""
+    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
+                           "--mode", "threads", "--redis-url", redis_url, "--no-leader-elect", "--kube-api-qps", "0",
+                           "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", str(pods), "--bench-nodes", str(nodes),
+                           "--bench-timeout", "120", "-o", "json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def check_bench_report(report: dict, pods: int) -> None:
+    assert report["errors"] == []
+    assert report["pods"] == report["bound"] == report["api_binds"] == pods
+    assert report["pods_per_s"] > 0 and report["api_binds_per_s"] > 0
+    assert report["ratio"] == pytest.approx(report["pods_per_s"] / report["api_binds_per_s"], rel=0.01)
+    assert 0 <= report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+
+
+def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, redis_server):
+    """The benchmark mode: nodes made Ready for a kubelet-less API server, the API server's own
+    binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind."""
+    before = len(api_server.sim.list_nodes()[0])
+    create(api_server.sim, "not-a-bench-pod")  # bound by the scheduler too, but not counted
+    report = run_bench(kubeconfig, redis_server.url, 150, 4)
+    check_bench_report(report, 150)
+    assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
+    assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
+    assert bound(api_server.sim, "not-a-bench-pod")
 
 
 # ---------------------------------------------------------------------------------------- envtest
@@ -214,9 +248,8 @@ def plane():
 def test_envtest_serve_and_leader_election(plane, redis_server, processes):
     admin = Api(ClientSpec(kubeconfig=plane.kubeconfig("admin")).api_client(), None, (5.0, 30.0))
     for i in range(2):
-        admin.request("POST", "/api/v1/nodes", verb="create", resource="nodes",
-                      body={"metadata": {"name": f"env-n{i}"}, "status": {"allocatable": {"cpu": "8", "memory": "16Gi",
-                                                                                          "pods": "110"}}})
+        envtest.register_node(admin, {"metadata": {"name": f"env-n{i}"},
+                                      "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}})
 
     def create_one(name: str) -> None:
         admin.request("POST", "/api/v1/namespaces/default/pods", verb="create", resource="pods",
@@ -230,3 +263,9 @@ def test_envtest_serve_and_leader_election(plane, redis_server, processes):
 
     leader_election_scenario(create_one, is_bound, plane.kubeconfig("scheduler"), redis_server.url, processes,
                              "kube-system")
+
+
+def test_envtest_serve_bench(plane, redis_server):
+    """`serve --bench` against the real API server (as its admin: the bench creates nodes)."""
+    report = run_bench(plane.kubeconfig("admin"), redis_server.url, 200, 4)
+    check_bench_report(report, 200)

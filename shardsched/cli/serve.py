@@ -89,7 +89,7 @@ def _health_server(state: _State, address: str, port: int) -> ThreadingHTTPServe
     return server
 
 
-def _start_runtime(runtime, cluster_probe, lease_namespace: str | None, state: _State, stop: threading.Event) -> bool:
+def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state: _State, stop: threading.Event) -> bool:
     """Preflight (RBAC) and start, retrying with backoff until it works or ``stop``. Never raises for
     RBAC or an unreachable API: it logs a clear message and waits (no crash loop)."""
     from shardsched.kube.informer import Backoff
@@ -97,7 +97,7 @@ def _start_runtime(runtime, cluster_probe, lease_namespace: str | None, state: _
     backoff = Backoff(base_s=1.0, cap_s=30.0)
     while not stop.is_set():
         try:
-            missing = cluster_probe.missing_permissions(lease_namespace)
+            missing = cluster_probe.missing_permissions(*(lease or (None, None)))
             if missing:
                 raise PermanentError("RBAC denied: shardsched's service account lacks " + ", ".join(missing)
                                      + " (apply deploy/rbac/)")
@@ -264,7 +264,7 @@ def serve(**kw) -> None:
             state.leading = True
             state.runtime = runtime
             bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
-            if _start_runtime(runtime, probe, lease_ns if leader_elect else None, state, stop):
+            if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
                 started_at = time.time()
                 state.phase, state.reason = "leading", ""
                 log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])

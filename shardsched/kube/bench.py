@@ -24,16 +24,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from shardsched.kube.client import Api, ClientSpec
+from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.informer import BOUND, BOUND_WATCH, Reflector, Store, WatchSpec
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import POD
+from shardsched.sim.errors import AlreadyExists, Conflict
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,30 @@ def _pod(name: str, namespace: str, scheduler_name: str) -> dict:
                                      "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}
 
 
+def register_node(api, node: dict, exist_ok: bool = False) -> None:
+    """Create ``node`` through ``api`` (a `shardsched.kube.client.Api` with rights on nodes) and make
+    it schedulable the way a kubelet and the node lifecycle controller would: status condition
+    ``Ready=True``, and ``spec.taints`` set back to the node's own (dropping the
+    ``node.kubernetes.io/not-ready`` taint added at admission).
+
+    ``exist_ok``: a node of that name already there (left by an interrupted run) is made Ready
+    the same way instead of failing.
+
+    Raises: `shardsched.sim.errors.ApiError` from any of the three writes.
+    """
+    name = node["metadata"]["name"]
+    try:
+        api.request("POST", "/api/v1/nodes", verb="create", resource="nodes", body=node)
+    except (Conflict, AlreadyExists):
+        if not exist_ok:
+            raise
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "no kubelet: marked Ready by shardsched"}
+    api.request("PATCH", f"/api/v1/nodes/{name}/status", verb="patch", resource="nodes/status",
+                body={"status": {"conditions": [ready]}}, content_type=MERGE_PATCH)
+    api.request("PATCH", f"/api/v1/nodes/{name}", verb="patch", resource="nodes",
+                body={"spec": {"taints": (node.get("spec") or {}).get("taints")}}, content_type=MERGE_PATCH)
+
+
 class Bench:
     """Runs the two measurements (module docstring).
 
@@ -84,6 +110,7 @@ class Bench:
         self.scheduler_name = scheduler_name
         self.namespace = namespace
         self.workers = workers
+        self.run_id = uuid.uuid4().hex[:6]  # in pod names: a run never collides with another's leftovers
         client = spec.api_client(pool_size=workers + 4)
         self.api = Api(client, None, (spec.connect_timeout_s, spec.request_timeout_s))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="bench")
@@ -111,14 +138,13 @@ class Bench:
         names = [f"shardsched-bench-node-{i:04d}" for i in range(count)]
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
         for name in names:
-            self.api.request("POST", "/api/v1/nodes", verb="create", resource="nodes",
-                             body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-                                   "status": {"capacity": alloc, "allocatable": alloc}})
+            register_node(self.api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                     "status": {"capacity": alloc, "allocatable": alloc}}, exist_ok=True)
         return names
 
     def api_baseline(self, n: int, nodes: list[str], report: BenchReport) -> None:
         """Measurement 1 (module docstring)."""
-        names = [f"bench-api-{i:06d}" for i in range(n)]
+        names = [f"bench-api-{self.run_id}-{i:06d}" for i in range(n)]
         created = self._create([_pod(name, self.namespace, UNSERVED) for name in names])
         binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
                              emit_scheduled=False)
@@ -148,7 +174,7 @@ class Bench:
         spec = WatchSpec(BOUND_WATCH, POD, f"/api/v1/namespaces/{self.namespace}/pods",
                          f"spec.schedulerName={self.scheduler_name}", BOUND)
         self._store = Store([spec])
-        self._names = [f"bench-{i:06d}" for i in range(n)]
+        self._names = [f"bench-{self.run_id}-{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name) for name in self._names])
         self._reflector = Reflector(self.api, self._store, spec, watch_timeout_s=60)
         self._reflector.list()
@@ -160,6 +186,7 @@ class Bench:
         starts at the first bind seen if that was earlier): wait until every pod is bound (or
         ``timeout_s``), compute the figures, delete the pods and the nodes made."""
         n = len(self._names)
+        ours = set(self._names)  # other pods of this scheduler in the namespace are not counted
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
         seq = 0
@@ -171,6 +198,8 @@ class Bench:
                 for ev in events:
                     meta = ev.object.get("metadata") or {}
                     name = meta.get("name")
+                    if name not in ours:
+                        continue
                     created = (meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)
                     if created:
                         created_at.setdefault(name, float(created))

@@ -34,10 +34,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from shardsched.errors import PermanentError
-from shardsched.kube.client import Api, ClientSpec, TokenBucket, classify, transport_error
+from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify, transport_error
 from shardsched.kube.informer import Reflector, Store, watch_specs
 from shardsched.kube.writers import EventRecorder, StatusWriter
 from shardsched.sim.cluster import BindResult, WatchEvent
@@ -98,7 +97,7 @@ class KubeCluster:
         self._client: k8s.ApiClient | None = None
         self._api: Api | None = None
         self._bind_bucket: TokenBucket | None = None
-        self._core: k8s.CoreV1Api | None = None
+        self._bind_api: Api | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._recorder: EventRecorder | None = None
         self._status: StatusWriter | None = None
@@ -123,15 +122,17 @@ class KubeCluster:
                 self._api = Api(self._client, TokenBucket(self.spec.qps, self.spec.burst), timeouts)
             return self._api
 
-    def _binder(self) -> tuple[k8s.CoreV1Api, ThreadPoolExecutor, TokenBucket]:
+    def _binder(self) -> tuple[Api, ThreadPoolExecutor, TokenBucket]:
+        """The binding connection: the shared client with this binder's share of the rate limit."""
         with self._lock:
-            if self._core is None:
+            if self._bind_api is None:
                 self._connection()
                 share = min(1.0, max(self.bind_share, 1e-6))
                 self._bind_bucket = TokenBucket(self.spec.qps * share, max(1, round(self.spec.burst * share)))
-                self._core = k8s.CoreV1Api(self._client)
+                self._bind_api = Api(self._client, self._bind_bucket, (self.spec.connect_timeout_s,
+                                                                         self.spec.request_timeout_s))
                 self._pool = ThreadPoolExecutor(self.bind_workers, thread_name_prefix="bind")
-            return self._core, self._pool, self._bind_bucket
+            return self._bind_api, self._pool, self._bind_bucket
 
     def recorder(self) -> EventRecorder:
         with self._lock:
@@ -219,38 +220,40 @@ class KubeCluster:
         return results
 
     def _bind_one(self, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
-        core, _, bucket = self._binder()
+        api, _, _ = self._binder()
         resource = f"pods/binding ({namespace}/{name} -> {node})"
-        body = k8s.V1Binding(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
-                             target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        bucket.acquire()
+        meta = {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})}
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        # The client's generic call path (`Api.send`), not the typed `create_namespaced_pod_binding`:
+        # the typed method validates its arguments and builds and serializes models, which cost 60%
+        # more CPU per bind than the request itself (docs/kubernetes.md, Benchmark), and it cannot
+        # read the Status the server answers anyway (kubernetes-client/python#547).
         try:
-            # _preload_content=False: the server answers a Status, which the client cannot
-            # deserialize as the V1Binding its signature promises (kubernetes-client/python#547)
-            resp = core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False,
-                                                      _request_timeout=(self.spec.connect_timeout_s,
-                                                                        self.spec.request_timeout_s))
+            resp = api.send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", None, body, None, None,
+                            "create", resource)
             try:
-                resp.read()
+                status, data = resp.status, resp.read()
             finally:
-                resp.release_conn()
-        except ApiException as e:
-            if not e.status:  # the client's wrapper of TLS failures
-                return BindResult(namespace, name, node, NOT_APPLIED, "Unreachable", str(e.reason))
-            err = classify(e.status, e.body, "create", resource, getattr(e, "headers", None))
-            if e.status in (NOT_FOUND, CONFLICT):
-                return BindResult(namespace, name, node, e.status, getattr(err, "reason", ""), str(err))
-            if isinstance(err, PermanentError):
-                self._log_rbac(err)
-            code = MAYBE_APPLIED if e.status == 504 else NOT_APPLIED
-            return BindResult(namespace, name, node, code, getattr(err, "reason", ""), str(err))
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            err = transport_error(e, "create", resource, self._client.configuration.host)
+                resp.response.release_conn()
+        except (Timeout, Unreachable) as e:  # no answer: a read timeout may hide an applied bind
+            code = MAYBE_APPLIED if isinstance(e, Timeout) else NOT_APPLIED
+            return BindResult(namespace, name, node, code, type(e).__name__, str(e))
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # the answer broke off while read
+            err = transport_error(e, "create", resource, api.host)
             code = MAYBE_APPLIED if isinstance(err, Timeout) else NOT_APPLIED
             return BindResult(namespace, name, node, code, type(err).__name__, str(err))
         except Exception as e:  # noqa: BLE001 - never raise for one item
             log.exception("bind of %s/%s failed unexpectedly", namespace, name)
             return BindResult(namespace, name, node, NOT_APPLIED, "InternalError", f"{type(e).__name__}: {e}")
+        if not 200 <= status <= 299:
+            err = classify(status, data, "create", resource, resp.headers)
+            if status in (NOT_FOUND, CONFLICT):
+                return BindResult(namespace, name, node, status, getattr(err, "reason", ""), str(err))
+            if isinstance(err, PermanentError):
+                self._log_rbac(err)
+            code = MAYBE_APPLIED if status == 504 else NOT_APPLIED
+            return BindResult(namespace, name, node, code, getattr(err, "reason", ""), str(err))
         if self.emit_scheduled:
             try:
                 self.recorder().emit({"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name,
@@ -265,9 +268,13 @@ class KubeCluster:
             self._last_rbac_log = now
             log.error("%s", err)
 
-    def missing_permissions(self, lease_namespace: str | None = None) -> list[str]:
+    def missing_permissions(self, lease_namespace: str | None = None, lease_name: str | None = None) -> list[str]:
         """Ask the API server (SelfSubjectAccessReview, allowed to every authenticated user) which of
         `PERMISSIONS` (and `LEADER_PERMISSIONS` in ``lease_namespace`` when given) we lack.
+
+        ``get`` and ``update`` of the Lease are asked for ``lease_name`` itself, as the elector uses
+        them: a role may grant them on that one name (``resourceNames``, as deploy/rbac does), and
+        a review without a name would then answer "denied". ``create`` cannot be limited by name.
 
         Returns: ``"verb group/resource"`` strings, empty when all are granted.
         Raises: `Unauthorized`, `TemporaryError` (API server unreachable or failing).
@@ -284,12 +291,15 @@ class KubeCluster:
                 attrs["subresource"] = sub
             if namespace:
                 attrs["namespace"] = namespace
+            name = lease_name if namespace and lease_name and verb != "create" else None
+            if name:
+                attrs["name"] = name
             review = api.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", verb="create",
                                  resource="selfsubjectaccessreviews",
                                  body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                                        "spec": {"resourceAttributes": attrs}})
             if not ((review or {}).get("status") or {}).get("allowed"):
-                where = f" in namespace {namespace}" if namespace else ""
+                where = (f" {name}" if name else "") + (f" in namespace {namespace}" if namespace else "")
                 missing.append(f"{verb} {group + '/' if group else ''}{resource}{where}")
         return missing
 

@@ -4,7 +4,10 @@ binaries, `ControlPlane` starts them (private data folder, free ports, a self-si
 certificate, static token authentication, RBAC authorization) and writes kubeconfigs for an admin
 and for shardsched's service account; `ControlPlane.stop` ends both processes and removes the
 folder. No controller-manager and no kubelets run: nodes are plain objects and bound pods stay
-Pending, which is all a scheduler needs.
+Pending, which is all a scheduler needs. Without a kubelet and the node lifecycle controller, a
+new node keeps the ``node.kubernetes.io/not-ready:NoSchedule`` taint that the API server's
+TaintNodesByCondition admission puts on it: `register_node` does the kubelet's and the controller's
+part (reports Ready, puts back the node's own taints).
 
 Tokens (``--token-auth-file``):
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,6 +35,7 @@ import ssl
 from pathlib import Path
 
 from shardsched.errors import PermanentError
+from shardsched.kube.bench import register_node  # noqa: F401 - tests create nodes with it
 
 SERVICE_ACCOUNT_NAMESPACE = "shardsched"
 SERVICE_ACCOUNT = "shardsched"
@@ -46,6 +51,18 @@ def assets() -> tuple[Path | None, str]:
     if missing:
         return None, f"KUBEBUILDER_ASSETS={folder} lacks executable {', '.join(missing)}"
     return path, ""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the process that started it dies, so
+    a killed test run leaves no kube-apiserver or etcd behind (no-op elsewhere)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _free_port() -> int:
@@ -96,6 +113,18 @@ class ControlPlane:
         self.tokens = {"admin": "admin-" + os.urandom(8).hex(), "scheduler": "sched-" + os.urandom(8).hex()}
         self.ca_path: Path | None = None
 
+    def version(self) -> tuple[int, int]:
+        """(major, minor) that ``kube-apiserver --version`` prints (e.g. ``Kubernetes v1.30.2``).
+
+        Raises: `PermanentError` when the binary does not run or prints something else.
+        """
+        out = subprocess.run([str(self.folder / "kube-apiserver"), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+        m = re.search(r"v(\d+)\.(\d+)", out)
+        if not m:
+            raise PermanentError(f"{self.folder / 'kube-apiserver'} --version printed {out.strip()!r}")
+        return int(m[1]), int(m[2])
+
     def _wait(self, url: str, proc: subprocess.Popen, log: Path, token: str | None = None) -> None:
         ctx = ssl.create_default_context(cafile=str(self.ca_path)) if url.startswith("https") else None
         deadline = time.monotonic() + self.start_timeout_s
@@ -128,7 +157,7 @@ class ControlPlane:
              "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
              "--initial-cluster", f"envtest=http://127.0.0.1:{peer_port}"],
-            stdout=etcd_log.open("w"), stderr=subprocess.STDOUT)
+            stdout=etcd_log.open("w"), stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self.procs.append(etcd)
         self._wait(f"http://127.0.0.1:{etcd_port}/health", etcd, etcd_log)
         tokens = self.dir / "tokens.csv"
@@ -137,20 +166,37 @@ class ControlPlane:
             f'{self.tokens["admin"]},envtest-admin,admin-uid,"system:masters"\n'
             f'{self.tokens["scheduler"]},{sa_user},sched-uid,'
             f'"system:serviceaccounts,system:serviceaccounts:{SERVICE_ACCOUNT_NAMESPACE},system:authenticated"\n')
-        api_log = self.dir / "kube-apiserver.log"
-        api = subprocess.Popen(
-            [str(self.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        self._api_args = [str(self.folder / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
              f"--tls-cert-file={self.ca_path}", f"--tls-private-key-file={key}", f"--cert-dir={self.dir / 'certs'}",
              f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
              f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
              "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
-             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true"],
-            stdout=api_log.open("w"), stderr=subprocess.STDOUT)
-        self.procs.append(api)
+             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true"]
+        if self.version() < (1, 24):  # before 1.24 an insecure port (8080) is opened unless set to 0
+            self._api_args.append("--insecure-port=0")
         self.url = f"https://127.0.0.1:{api_port}"
-        self._wait(f"{self.url}/readyz", api, api_log, self.tokens["admin"])
+        self._start_apiserver()
         return self
+
+    def _start_apiserver(self) -> None:
+        api_log = self.dir / "kube-apiserver.log"
+        api = subprocess.Popen(self._api_args, stdout=api_log.open("a"), stderr=subprocess.STDOUT,
+                               preexec_fn=_die_with_parent)
+        self.procs.append(api)
+        self._wait(f"{self.url}/readyz", api, api_log, self.tokens["admin"])
+
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Kill kube-apiserver (SIGKILL: open connections break, as when it crashes), wait
+        ``down_s``, and start it again on the same port with the same etcd (nothing is lost).
+
+        Raises: `PermanentError` when it does not become ready again.
+        """
+        api = self.procs.pop()
+        api.kill()
+        api.wait()
+        time.sleep(down_s)
+        self._start_apiserver()
 
     def kubeconfig(self, user: str = "admin") -> str:
         """Write a kubeconfig for ``user`` (``admin`` or ``scheduler``); returns its path."""
@@ -184,3 +230,4 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+

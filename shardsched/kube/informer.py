@@ -258,7 +258,7 @@ class ReflectorStats:
     garbage: int = 0
     errors: int = 0
     last_error: str = ""
-    last_error_permanent: bool = False
+    last_error_permanent: bool = False  # the newest error is a PermanentError and no watch opened since
     rv: str = ""
     history: list[str] = field(default_factory=list)  # last few error lines, newest last
 
@@ -334,6 +334,7 @@ class Reflector:
         self.store.replace(self.spec.name, items)
         self.stats.lists += 1
         self.stats.synced = True
+        self.stats.last_error_permanent = False
         self.rv = self.stats.rv = str(rv)
         return self.rv
 
@@ -351,6 +352,9 @@ class Reflector:
                                timeout_s=(self.api.timeout_s[0], timeout_s + self.read_slack_s))
         self._resp = resp
         self.stats.watches += 1
+        # the server answered 200: whatever was refusing us (RBAC, credentials) no longer is, so
+        # health stops reporting it (it stays in `history`)
+        self.stats.last_error_permanent = False
         applied = 0
         try:
             if self._stop.is_set():  # stopped while connecting

@@ -17,6 +17,8 @@ Served (JSON only):
 - ``POST .../pods/{name}/binding`` and ``POST .../bindings``: 201 with a ``Status`` body (as the real
   server, which the official client cannot deserialize), 404, 409;
 - ``PATCH .../pods/{name}/status`` (strategic merge of ``status.conditions`` by type);
+- ``PATCH /api/v1/nodes/{name}[/status]`` (``spec.taints`` replaced, ``status.conditions`` merged
+  by type: what a kubelet-less node registration writes);
 - Events: create and merge-patch in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
   and recorded in the simulated cluster too);
 - Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
@@ -46,7 +48,7 @@ from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
 _BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
-_NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$")
+_NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
@@ -343,6 +345,8 @@ class SimApiServer:
                 return h.reply(201, self.sim.create_node(h.body() or {}))
             if m["name"] and h.command == "DELETE":
                 return h.reply(200, self.sim.delete_node(m["name"]))
+            if m["name"] and h.command == "PATCH":
+                return h.reply(200, self._patch_node(m["name"], m["sub"], h.body() or {}))
             if m["name"]:
                 return h.reply(200, self.sim.get_node(m["name"]))
             return self._list_or_watch(h, NODE, q)
@@ -378,6 +382,25 @@ class SimApiServer:
         if h.command == "DELETE":
             return h.reply(200, self.sim.delete_pod(ns, name))
         return h.reply(200, self.sim.get_pod(ns, name))
+
+    def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:
+        """The two node patches `shardsched.kube.bench.register_node` makes: ``status.conditions``
+        merged by type (``/status``), ``spec.taints`` replaced (``null`` removes them)."""
+        import copy
+
+        node = copy.deepcopy(self.sim.get_node(name))
+        if sub == "status":
+            conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+            conds.update({c.get("type"): c for c in (body.get("status") or {}).get("conditions") or []})
+            node.setdefault("status", {})["conditions"] = list(conds.values())
+        elif "taints" in (body.get("spec") or {}):
+            taints = body["spec"]["taints"]
+            spec = node.setdefault("spec", {})
+            if taints is None:
+                spec.pop("taints", None)
+            else:
+                spec["taints"] = taints
+        return self.sim.update_node(node)
 
     def _bind(self, h: _Handler, ns: str, name: str | None) -> None:
         body = h.body() or {}
