@@ -162,3 +162,40 @@ def test_relist_emits_the_differences_and_the_log_answers_gone_when_compacted():
         store.since(10**6)  # from another instance
     events, rv = store.since(store.list_pods()[1] - 2, limit=1)
     assert len(events) == 1 and rv == events[0].rv
+
+
+def test_kubeconfig_token_refresh_runs_at_most_once_a_second_and_stays_wrapped(tmp_path, monkeypatch):
+    """The loader's refresh hook runs before every request and re-installs itself each time it
+    runs (it re-applies the configuration, ``host`` included); ours keeps it to once per
+    TOKEN_REFRESH_S across those re-installs, and the token is still sent."""
+    import json
+
+    from shardsched.kube import client as kclient
+
+    kc = tmp_path / "kc"
+    kc.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "secret-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    now = [1000.0]
+    monkeypatch.setattr(kclient.time, "monotonic", lambda: now[0])
+    cfg = ClientSpec(kubeconfig=str(kc)).api_client().configuration
+    wrapped = cfg.refresh_api_key_hook
+    assert wrapped is not None
+    # each run of the loader's hook writes `host`: count the writes
+    hosts = []
+    monkeypatch.setattr(type(cfg), "host", property(
+        lambda self: self._base_path, lambda self, v: (hosts.append(v), object.__setattr__(self, "_base_path", v))))
+
+    assert {cfg.get_api_key_with_prefix("BearerToken") for _ in range(20)} == {"Bearer secret-token"}
+    assert len(hosts) == 1, "the first request runs it"
+    assert cfg.refresh_api_key_hook is wrapped, "re-installed by the loader, wrapped again"
+    for _ in range(20):
+        cfg.get_api_key_with_prefix("BearerToken")
+    assert len(hosts) == 1, "not again within the period"
+    now[0] += kclient.TOKEN_REFRESH_S
+    for _ in range(20):
+        cfg.get_api_key_with_prefix("BearerToken")
+    assert len(hosts) == 2, "once the period has passed, exactly once"
+    assert cfg.refresh_api_key_hook is wrapped
