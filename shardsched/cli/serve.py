@@ -164,7 +164,8 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
                    "server's own binding rate, delete them, exit.")
 @click.option("--bench-namespace", default="default", show_default=True)
 @click.option("--bench-nodes", type=click.IntRange(0), default=0, show_default=True,
-              help="Create this many nodes for the benchmark first (for an API server without kubelets).")
+              help="Create this many nodes for the benchmark first and report them Ready, as a kubelet "
+                   "would (for an API server without kubelets); they are deleted at the end.")
 @click.option("--bench-timeout", type=float, default=300.0, show_default=True)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def serve(**kw) -> None:
