@@ -375,3 +375,33 @@ def test_api_server_crash_and_restart_mid_run(control_plane, redis_server):
     finally:
         rt.stop()
         b.close()
+
+
+def test_a_pod_whose_spec_cannot_be_read_gets_scheduler_error_and_the_rest_go_on(backend, run_scheduler):
+    """A node-affinity ``Gt`` whose value is not an integer passes kube-apiserver's validation (v1.19)
+    but cannot be evaluated: kube-scheduler reports such a pod with reason SchedulerError (an error,
+    not a rejection); the other pods are bound. The simulated cluster is stricter here: it refuses
+    the pod at creation (422) with the same message, which is checked instead."""
+    from shardsched.sim.errors import Invalid
+
+    backend.create_nodes([a_node("n0")])
+    bad = our_pod("bad-affinity")
+    bad["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["abc"]}]}]}}}
+    if backend.name != "envtest":
+        with pytest.raises(Invalid, match="Gt value 'abc' is not a 64-bit integer"):
+            backend.create_pods([bad])
+        return
+    backend.create_pods([bad, our_pod("fine")])
+    run_scheduler()
+    wait_for(lambda: bool(node_of(backend, "fine")), what="the valid pod bound")
+
+    def condition():
+        conds = (backend.get_pod("default", "bad-affinity").get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c.get("type") == "PodScheduled"), None)
+
+    wait_for(lambda: condition() is not None, what="PodScheduled condition on the invalid pod")
+    c = condition()
+    assert (c["status"], c["reason"]) == ("False", "SchedulerError")
+    assert "invalid pod spec" in c["message"] and "abc" in c["message"]
+    assert not node_of(backend, "bad-affinity")

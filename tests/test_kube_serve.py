@@ -151,6 +151,50 @@ def test_rbac_denied_waits_with_a_clear_reason_then_recovers(api_server, kubecon
     assert s.stop() == 0
 
 
+def test_a_candidate_denied_the_lease_says_so_instead_of_waiting_as_a_silent_standby(
+        api_server, kubeconfig, redis_server, processes):
+    api_server.deny("update", "leases")
+    create(api_server.sim, "y")
+    s = Serve(kubeconfig, redis_server.url, "--leader-elect", "--leader-elect-lease-namespace", "kube-system")
+    processes.append(s)
+    wait_for(lambda: s.readyz()[0] == 503 and "update coordination.k8s.io/leases shardsched in namespace kube-system"
+             in s.readyz()[1].get("reason", ""), what="readyz 503 naming the Lease permission")
+    assert not s.leading()
+    api_server.allow("update", "leases")
+    wait_for(lambda: bound(api_server.sim, "y"), 40, "pod bound once RBAC is fixed")
+    assert s.leading()
+    assert "RBAC denied" in s.output()
+    assert s.stop() == 0
+
+
+def test_readyz_says_when_the_leader_cannot_work(api_server, kubeconfig, processes):
+    """Leading is not enough to be ready: /readyz answers 503 with the reason while the API
+    server's watches fail or Redis does not answer, and 200 again once the watches work."""
+    from shardsched.store.server import EmbeddedRedis
+
+    redis = EmbeddedRedis().start()
+    try:
+        s = Serve(kubeconfig, redis.url, "--no-leader-elect")
+        processes.append(s)
+        wait_for(lambda: s.readyz() == (200, {"phase": "leading", "reason": ""}), 40, "ready")
+        api_server.fail("GET", "/api/v1/nodes", status=500, query="watch=true", times=6)  # then it works again
+        api_server.cut_watches()
+        wait_for(lambda: s.readyz()[0] == 503 and "watch nodes failing" in s.readyz()[1]["reason"], what="503")
+        wait_for(lambda: s.readyz()[0] == 200, 40, "ready again")
+        redis.stop()
+        wait_for(lambda: s.readyz()[0] == 503 and "Redis not answering" in s.readyz()[1]["reason"], what="503")
+        assert s.proc.poll() is None
+    finally:
+        redis.stop()
+
+
+def test_a_malformed_redis_url_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--redis-url", "notaurl",
+                           "--mode", "threads"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Invalid value for '--redis-url': 'notaurl'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_kubeconfig_exits_with_a_clear_message(tmp_path, redis_server):
     missing = str(tmp_path / "missing.kubeconfig")
     proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", missing,
@@ -215,12 +259,15 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     """The benchmark mode: nodes made Ready for a kubelet-less API server, the API server's own
     binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind."""
     before = len(api_server.sim.list_nodes()[0])
-    create(api_server.sim, "not-a-bench-pod")  # bound by the scheduler too, but not counted
+    create(api_server.sim, "a-real-pending-pod")  # of the profile the bench is run for
     report = run_bench(kubeconfig, redis_server.url, 150, 4)
     check_bench_report(report, 150)
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
-    assert bound(api_server.sim, "not-a-bench-pod")
+    # the bench serves a scheduler name of its own: the cluster's pending pods are left alone
+    real = api_server.sim.get_pod("default", "a-real-pending-pod")
+    assert not real["spec"].get("nodeName")
+    assert api_server.events_for("default", "a-real-pending-pod") == []
 
 
 # ---------------------------------------------------------------------------------------- envtest

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from shardsched.cli import redis_url_option
 from shardsched.errors import ConfigError, ShardschedError
 
 #: the field report's table (5,000 nodes of 8C/16G, 1C/1Gi pods): avg, P99 latency (s), pods/s,
@@ -67,7 +68,7 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--trace-limit", type=click.IntRange(1), default=None, help="Replay only the first N trace pods.")
 @click.option("--time-scale", type=float, default=1000.0, show_default=True,
               help="Trace time compression: trace seconds per replay second.")
-@click.option("--redis-url", help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
+@click.option("--redis-url", callback=redis_url_option, help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on 127.0.0.1:PORT.")
 @click.option("--bind-latency-ms", type=float, default=0.0, show_default=True, help="Simulated API latency per bind call.")

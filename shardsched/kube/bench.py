@@ -41,6 +41,15 @@ log = logging.getLogger(__name__)
 
 #: a schedulerName no scheduler serves: pods of the baseline stay pending until we bind them
 UNSERVED = "shardsched-bench-unserved"
+#: taint of the nodes the bench creates (NoSchedule; the bench's pods tolerate it), so that no
+#: other scheduler puts real pods on nodes that have no kubelet and are deleted at the end
+BENCH_TAINT = {"key": "shardsched.io/bench", "value": "true", "effect": "NoSchedule"}
+
+
+def bench_scheduler_name() -> str:
+    """The schedulerName a ``serve --bench`` run serves and gives its pods: unique per run, so that
+    the bench never schedules (nor writes Events on) the cluster's own pending pods."""
+    return f"shardsched-bench-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass
@@ -67,6 +76,7 @@ def _pod(name: str, namespace: str, scheduler_name: str) -> dict:
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": "shardsched-bench"},
                          "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
             "spec": {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
+                     "tolerations": [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
                      "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
                                      "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}
 
@@ -139,6 +149,7 @@ class Bench:
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
         for name in names:
             register_node(self.api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                                     "spec": {"taints": [dict(BENCH_TAINT)]},
                                      "status": {"capacity": alloc, "allocatable": alloc}}, exist_ok=True)
         return names
 

@@ -259,6 +259,7 @@ class ReflectorStats:
     errors: int = 0
     last_error: str = ""
     last_error_permanent: bool = False  # the newest error is a PermanentError and no watch opened since
+    failing: bool = False  # the newest attempt failed and no list or watch has succeeded since
     rv: str = ""
     history: list[str] = field(default_factory=list)  # last few error lines, newest last
 
@@ -334,7 +335,7 @@ class Reflector:
         self.store.replace(self.spec.name, items)
         self.stats.lists += 1
         self.stats.synced = True
-        self.stats.last_error_permanent = False
+        self.stats.last_error_permanent = self.stats.failing = False
         self.rv = self.stats.rv = str(rv)
         return self.rv
 
@@ -354,7 +355,7 @@ class Reflector:
         self.stats.watches += 1
         # the server answered 200: whatever was refusing us (RBAC, credentials) no longer is, so
         # health stops reporting it (it stays in `history`)
-        self.stats.last_error_permanent = False
+        self.stats.last_error_permanent = self.stats.failing = False
         applied = 0
         try:
             if self._stop.is_set():  # stopped while connecting
@@ -429,6 +430,7 @@ class Reflector:
 
     def _record(self, e: Exception, delay: float) -> None:
         self.stats.errors += 1
+        self.stats.failing = True
         self.stats.last_error = f"{type(e).__name__}: {e}"
         self.stats.last_error_permanent = isinstance(e, PermanentError)
         self.stats.history = (self.stats.history + [self.stats.last_error])[-5:]

@@ -210,6 +210,29 @@ class KubeRuntime:
         status, health = ray.get([self.coordinator.status.remote(), self.coordinator.cluster_health.remote()], timeout=10)
         return {**status, "cluster": health}
 
+    def problems(self) -> list[str]:
+        """Why the running scheduler cannot work right now (empty when it can): Redis not answering
+        a PING, a watch of the API server failing (its newest error). For ``/readyz``.
+
+        Never raises: a status that cannot be read is itself a problem."""
+        if not self.started:
+            return ["not started"]
+        out = []
+        try:
+            import redis
+
+            redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1).ping()
+        except (redis.RedisError, OSError) as e:
+            out.append(f"Redis not answering: {type(e).__name__}: {e}")
+        try:
+            health = self.status().get("cluster") or {}
+        except Exception as e:  # noqa: BLE001 - readiness must answer
+            return out + [f"status unavailable: {type(e).__name__}: {e}"]
+        for name, w in (health.get("watches") or {}).items():
+            if w.get("failing"):
+                out.append(f"watch {name} failing: {w.get('last_error', '')}")
+        return out
+
     def metric_families(self) -> dict[str, list]:
         """{source label: samples} for `shardsched.metrics.AggregateCollector`: each shard, the
         coordinator, and the Kubernetes backend."""

@@ -567,11 +567,14 @@ class Coordinator:
                               f"gave up after {t.rounds} scheduling attempts: {message}")
 
     def _fail_pod(self, obj: dict, message: str) -> None:
+        """A pod whose spec cannot be scheduled at all (it does not parse): FailedScheduling and
+        PodScheduled=False with reason ``SchedulerError``, as kube-scheduler's handleSchedulingFailure
+        reports a status that is an error rather than a rejection (``Unschedulable``)."""
         meta = obj.get("metadata") or {}
         ref = {"kind": "Pod", "namespace": meta.get("namespace") or "default", "name": meta.get("name"), "uid": meta.get("uid")}
         self.cluster.call("record_event", ref, "Warning", "FailedScheduling", message)
         self.cluster.call("set_pod_condition", ref["namespace"], ref["name"],
-                          {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message})
+                          {"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": message})
         self.counters["invalid"] += 1
 
     # ------------------------------------------------------------------ health
