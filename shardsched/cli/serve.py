@@ -105,43 +105,17 @@ def _whole_s(value_s: float, field: str) -> int:
     return whole
 
 
-def _wait_for_permissions(cluster_probe, lease: tuple[str, str], state: _State, stop: threading.Event) -> bool:
-    """Before campaigning for the Lease: check the permissions (the Lease's and the scheduler's),
-    retrying with backoff while any is missing or the API server cannot be asked, with the reason
-    logged and on /readyz (503). Without this a candidate denied the Lease would wait as a silent
-    "standby". Returns False if ``stop`` was set first."""
+def _retry_until(attempt, state: _State, stop: threading.Event) -> bool:
+    """Run ``attempt`` until it returns without raising, or ``stop``. `PermanentError` (RBAC) and
+    `TemporaryError` (API server unreachable or failing) are logged with what to do, put on /readyz
+    (phase ``waiting``, 503, the reason) and retried with backoff: never a crash loop. Returns False
+    if ``stop`` was set first."""
     from shardsched.kube.informer import Backoff
 
     backoff = Backoff(base_s=1.0, cap_s=30.0)
     while not stop.is_set():
         try:
-            missing = cluster_probe.missing_permissions(*lease)
-            if not missing:
-                return True
-            raise PermanentError("RBAC denied: shardsched's service account lacks " + ", ".join(missing)
-                                 + " (apply deploy/rbac/)")
-        except (PermanentError, TemporaryError) as e:
-            delay = backoff.next_s()
-            state.phase, state.reason = "waiting", str(e)
-            log.log(logging.ERROR if isinstance(e, PermanentError) else logging.WARNING,
-                    "%s; retrying in %.0f s", e, delay)
-            stop.wait(delay)
-    return False
-
-
-def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state: _State, stop: threading.Event) -> bool:
-    """Preflight (RBAC) and start, retrying with backoff until it works or ``stop``. Never raises for
-    RBAC or an unreachable API: it logs a clear message and waits (no crash loop)."""
-    from shardsched.kube.informer import Backoff
-
-    backoff = Backoff(base_s=1.0, cap_s=30.0)
-    while not stop.is_set():
-        try:
-            missing = cluster_probe.missing_permissions(*(lease or (None, None)))
-            if missing:
-                raise PermanentError("RBAC denied: shardsched's service account lacks " + ", ".join(missing)
-                                     + " (apply deploy/rbac/)")
-            runtime.start()
+            attempt()
             return True
         except (PermanentError, TemporaryError) as e:
             delay = backoff.next_s()
@@ -150,6 +124,30 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
                     "%s; retrying in %.0f s", e, delay)
             stop.wait(delay)
     return False
+
+
+def _check_permissions(cluster_probe, lease: tuple[str, str] | None) -> None:
+    """Raises `PermanentError` naming every permission shardsched's service account lacks (the
+    scheduler's, and the Lease's when ``lease`` = (namespace, name) is given)."""
+    missing = cluster_probe.missing_permissions(*(lease or (None, None)))
+    if missing:
+        raise PermanentError("RBAC denied: shardsched's service account lacks " + ", ".join(missing)
+                             + " (apply deploy/rbac/)")
+
+
+def _wait_for_permissions(cluster_probe, lease: tuple[str, str], state: _State, stop: threading.Event) -> bool:
+    """Before campaigning for the Lease: wait until the permissions are there (`_retry_until`).
+    Without this a candidate denied the Lease would wait as a silent "standby"."""
+    return _retry_until(lambda: _check_permissions(cluster_probe, lease), state, stop)
+
+
+def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state: _State, stop: threading.Event) -> bool:
+    """Preflight (RBAC) and start, retrying until it works or ``stop`` (`_retry_until`)."""
+    def attempt() -> None:
+        _check_permissions(cluster_probe, lease)
+        runtime.start()
+
+    return _retry_until(attempt, state, stop)
 
 
 @click.command()
