@@ -226,6 +226,12 @@ def node_of(backend: Backend, name: str, ns: str = "default") -> str:
     return (backend.get_pod(ns, name).get("spec") or {}).get("nodeName") or ""
 
 
+def pod_scheduled(backend: Backend, name: str, ns: str = "default") -> dict | None:
+    """The pod's PodScheduled condition, or None."""
+    conds = (backend.get_pod(ns, name).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c.get("type") == "PodScheduled"), None)
+
+
 def flush(backend: Backend) -> None:
     if isinstance(backend.cluster, KubeCluster):
         backend.cluster.flush(10)
@@ -250,13 +256,8 @@ def test_unschedulable_pod_gets_event_and_condition(backend, run_scheduler):
     backend.create_nodes([a_node("small", cpu="2")])
     backend.create_pods([our_pod("huge", cpu="64")])
     run_scheduler()
-
-    def condition():
-        conds = (backend.get_pod("default", "huge").get("status") or {}).get("conditions") or []
-        return next((c for c in conds if c.get("type") == "PodScheduled"), None)
-
-    wait_for(lambda: condition() is not None, what="PodScheduled condition")
-    c = condition()
+    wait_for(lambda: pod_scheduled(backend, "huge") is not None, what="PodScheduled condition")
+    c = pod_scheduled(backend, "huge")
     assert (c["status"], c["reason"]) == ("False", "Unschedulable")
     assert c["message"].startswith("0/1 nodes are available: 1 Insufficient cpu")
     flush(backend)
@@ -395,13 +396,8 @@ def test_a_pod_whose_spec_cannot_be_read_gets_scheduler_error_and_the_rest_go_on
     backend.create_pods([bad, our_pod("fine")])
     run_scheduler()
     wait_for(lambda: bool(node_of(backend, "fine")), what="the valid pod bound")
-
-    def condition():
-        conds = (backend.get_pod("default", "bad-affinity").get("status") or {}).get("conditions") or []
-        return next((c for c in conds if c.get("type") == "PodScheduled"), None)
-
-    wait_for(lambda: condition() is not None, what="PodScheduled condition on the invalid pod")
-    c = condition()
+    wait_for(lambda: pod_scheduled(backend, "bad-affinity") is not None, what="PodScheduled condition, invalid pod")
+    c = pod_scheduled(backend, "bad-affinity")
     assert (c["status"], c["reason"]) == ("False", "SchedulerError")
     assert "invalid pod spec" in c["message"] and "abc" in c["message"]
     assert not node_of(backend, "bad-affinity")
