@@ -235,6 +235,7 @@ def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_ser
                              kubeconfig, redis_server.url, processes, "kube-system")
     lease = api_server.leases[("kube-system", "shardsched")]
     assert lease["spec"]["holderIdentity"]
+    assert lease["spec"]["leaseTransitions"] == 1, "created (0), released, taken over by the standby (1)"
 
 
 def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> dict:
@@ -310,6 +311,9 @@ def test_envtest_serve_and_leader_election(plane, redis_server, processes):
 
     leader_election_scenario(create_one, is_bound, plane.kubeconfig("scheduler"), redis_server.url, processes,
                              "kube-system")
+    lease = admin.request("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/shardsched", verb="get",
+                          resource="leases")
+    assert lease["spec"]["leaseTransitions"] == 1
 
 
 def test_envtest_serve_bench(plane, redis_server):

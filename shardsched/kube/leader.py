@@ -58,6 +58,22 @@ class _SafeLeaseLock(LeaseLock):
             log.warning("leader election: creating Lease %s/%s failed: %s", namespace, name, e)
             return False
 
+    def get_lease_spec(self, leader_election_record, current_spec=None):
+        """The client's spec plus ``leaseTransitions``, which it leaves unset: 0 when the Lease is
+        created, one more each time the holder changes to a new one (client-go's
+        ``LeaderTransitions`` rule); an emptied holder (a release) keeps the count."""
+        previous = getattr(current_spec, "holder_identity", None) if current_spec is not None else None
+        count = getattr(current_spec, "lease_transitions", None) if current_spec is not None else None
+        spec = super().get_lease_spec(leader_election_record, current_spec)
+        holder = leader_election_record.holder_identity
+        if current_spec is None:
+            spec.lease_transitions = 0
+        elif holder and holder != previous:
+            spec.lease_transitions = (count or 0) + 1
+        else:
+            spec.lease_transitions = count or 0
+        return spec
+
     def update(self, name, namespace, updated_record):
         if self.released:
             return False
