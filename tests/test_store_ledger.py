@@ -526,18 +526,35 @@ def test_upsert_replaces_allocatable_and_keeps_usage(ledger: Ledger) -> None:
     assert reserve_one(ledger, leased(ledger, "n1", cpu=1)) is ReserveCode.INSUFFICIENT
 
 
-def test_remove_nodes_forgets_everything_about_them(ledger: Ledger, redis_client: redis.Redis) -> None:
-    add_nodes(ledger, "n1", "n2")
+def test_remove_nodes_forgets_them_but_keeps_the_usage_of_pods_still_bound(ledger: Ledger,
+                                                                           redis_client: redis.Redis) -> None:
+    add_nodes(ledger, "n1", "n2", "n3")
     _reserved(ledger)
-    ledger.observe([BoundPod(new_uid(), "n1", {"cpu": 100})])
+    still_bound = BoundPod(new_uid(), "n1", {"cpu": 100})
+    ledger.observe([still_bound])
 
-    assert ledger.remove_nodes(["n1", "n1", "gone"]) == 1
+    assert ledger.remove_nodes(["n1", "n1", "n2", "gone"]) == 2
     assert ledger.remove_nodes(["n1"]) == 0
 
-    assert ledger.node_usage("n1") == NodeUsage({}, {}, {})
-    assert ledger.owners() == {"n2": SHARD}
-    assert not any(":n1" in key for key in redis_client.scan_iter(match=f"{ledger.prefix}*"))
+    # n2 had nothing bound: nothing is left of it; n1 keeps only the usage of its bound pod
+    assert not any(":n2" in key for key in redis_client.scan_iter(match=f"{ledger.prefix}*"))
+    assert ledger.node_usage("n1") == NodeUsage({}, {"cpu": 100, "pods": 1}, {})
+    assert ledger.owners() == {"n3": SHARD}
     assert reserve_one(ledger, leased(ledger, "n1")) is ReserveCode.FENCED
+    # pod GC deletes the pod: then nothing is counted on n1
+    ledger.forget({still_bound.uid: "n1"})
+    assert ledger.node_usage("n1") == NodeUsage({}, {}, {})
+
+
+def test_a_node_created_again_under_its_name_still_counts_the_pods_bound_to_it(ledger: Ledger) -> None:
+    add_nodes(ledger, "z", cpu=1000, pods=10)
+    ledger.observe([BoundPod(new_uid(), "z", {"cpu": 700})])
+    ledger.remove_nodes(["z"])
+    add_nodes(ledger, "z", cpu=1000, pods=10)
+
+    assert ledger.node_usage("z") == NodeUsage({"cpu": 1000, "pods": 10}, {"cpu": 700, "pods": 1}, {})
+    assert reserve_one(ledger, leased(ledger, "z", cpu=400)) is ReserveCode.INSUFFICIENT
+    assert reserve_one(ledger, leased(ledger, "z", cpu=300)) is ReserveCode.OK
 
 
 def test_reconcile_rebuilds_usage_from_the_cluster(ledger: Ledger, redis_client: redis.Redis) -> None:

@@ -221,14 +221,22 @@ class NodeTable:
         for node in nodes:
             self.add_node(node)
 
-    def remove_node(self, name: str) -> list[PodUsage]:
-        """Remove a node; returns the pods that were counted on it (they are forgotten). No-op if absent."""
+    def remove_node(self, name: str, keep_pods: bool = False) -> list[PodUsage]:
+        """Remove a node; returns the pods that were counted on it. No-op if absent.
+
+        ``keep_pods``: the node was deleted from the cluster but its pods may still be bound to
+        its name (pod GC has not run yet): keep them as orphans, counted again if a node of that
+        name comes back, as kube-scheduler's cache keeps a deleted node's NodeInfo while pods
+        remain on it. Otherwise (the node moved to another shard) they are forgotten here.
+        """
         slot = self.index.pop(name, None)
         if slot is None:
             return []
         usages = list(self.pods[slot].values())
         for u in usages:
             self.pod_slot.pop(u.uid, None)
+        if keep_pods and usages:
+            self.orphans.setdefault(name, {}).update({u.uid: u for u in usages})
         self.pods[slot] = {}
         self.names[slot] = None
         self.nodes[slot] = None

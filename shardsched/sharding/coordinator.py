@@ -313,7 +313,7 @@ class Coordinator:
         for typ, obj in events:
             name = (obj.get("metadata") or {}).get("name")
             if typ == "DELETED":
-                self.table.remove_node(name)
+                self.table.remove_node(name, keep_pods=True)  # its pods count again if it comes back
                 owner = self.owners.pop(name, None)
                 if owner is not None:
                     removals[owner].append(name)
@@ -347,6 +347,13 @@ class Coordinator:
         self._owner_slots()
         for index in set(upserts) | set(removals):
             self.shards[index].remote.call("apply_nodes", upserts.get(index, []), removals.get(index, []))
+        # A node deleted and created again under the same name while pods were still bound to it:
+        # the table counted them again (orphans); its owner shard must count them too.
+        for info in new_infos:
+            slot = self.table.index.get(info.name)
+            if slot is not None and self.table.pods[slot]:
+                back = [(usage, info.name) for usage in self.table.pods[slot].values()]
+                self.shards[self.owners[info.name]].remote.call("apply_bound", back, [])
         for s in self.shards:
             s.remote.call("nudge", "NodeUpdate")
 
