@@ -188,6 +188,35 @@ def test_readyz_says_when_the_leader_cannot_work(api_server, kubeconfig, process
         redis.stop()
 
 
+def test_the_leader_steps_down_when_its_coordinator_dies(api_server, kubeconfig, redis_server, processes):
+    """Ray mode: the coordinator actor killed (its shards die with it). Holding the Lease while
+    scheduling nothing would stall the cluster's pods for good: serve exits 4 and releases it."""
+    import psutil
+
+    create(api_server.sim, "before")
+    s = Serve(kubeconfig, redis_server.url, "--mode", "ray", "--leader-elect", "--leader-elect-lease-namespace",
+              "kube-system", "--leader-elect-lease-duration", "4", "--leader-elect-renew-deadline", "3",
+              "--leader-elect-retry-period", "1")
+    processes.append(s)
+    wait_for(lambda: bound(api_server.sim, "before"), 90, "bound in ray mode")
+
+    def coordinator() -> psutil.Process | None:
+        for p in psutil.Process(s.proc.pid).children(recursive=True):
+            try:
+                if "KubeCoordinatorHost" in " ".join(p.cmdline()):
+                    return p
+            except psutil.Error:
+                continue
+        return None
+
+    wait_for(lambda: coordinator() is not None, 30, "the coordinator's worker process")
+    coordinator().kill()
+    assert s.proc.wait(timeout=60) == 4
+    assert "the coordinator died" in s.output()
+    lease = api_server.leases[("kube-system", "shardsched")]
+    assert not lease["spec"].get("holderIdentity"), "released for a standby"
+
+
 def test_a_malformed_redis_url_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--redis-url", "notaurl",
                            "--mode", "threads"], capture_output=True, text=True, timeout=60)

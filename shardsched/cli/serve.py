@@ -25,7 +25,9 @@ log = logging.getLogger("shardsched.serve")
 UPSTREAM_LOCK = "kube-scheduler"
 DEFAULT_LOCK = "shardsched"
 
-EXIT_CONFIG, EXIT_LOST = 2, 3
+EXIT_CONFIG, EXIT_LOST, EXIT_COORDINATOR = 2, 3, 4
+#: how often the leader checks that its coordinator is alive (seconds)
+COORDINATOR_CHECK_S = 2.0
 
 #: the profile served without --config: kube's defaults under the name "shardsched", so that nothing
 #: is taken from the default scheduler unless a pod asks for shardsched
@@ -219,7 +221,8 @@ def serve(**kw) -> None:
 
     \b
     Exit status: 0 after SIGTERM/SIGINT; 1 when Redis or Ray cannot start; 2 for a bad profile file or
-    kubeconfig; 3 when the leader lost its Lease (restart it: it comes back as a candidate). RBAC denied
+    kubeconfig; 3 when the leader lost its Lease (restart it: it comes back as a candidate); 4 when
+    the coordinator died (Ray mode): the Lease is released for a standby. RBAC denied
     or an unreachable API server are not fatal: it logs why, reports 503 on /readyz, and retries.
     """
     from shardsched.config import load_config, parse_config
@@ -323,8 +326,20 @@ def serve(**kw) -> None:
                     code = _bench_report(bench, report, started_at, kw)
                     bench = None
                     stop.set()
+                next_check = time.monotonic() + COORDINATOR_CHECK_S
                 while not (stop.is_set() or lost.is_set()):
                     stop.wait(0.2)
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + COORDINATOR_CHECK_S
+                        why = runtime.coordinator_dead()
+                        if why:
+                            # leading without a coordinator would hold the Lease and schedule
+                            # nothing: step down (the Lease is released), a standby or a restart
+                            # takes over
+                            log.error("the coordinator died (%s); stopping so that a standby or a restart takes "
+                                      "over (exit %d)", why, EXIT_COORDINATOR)
+                            code = EXIT_COORDINATOR
+                            break
         if lost.is_set() and not stop.is_set():
             log.error("leader election lost; stopping (exit %d)", EXIT_LOST)
             code = EXIT_LOST

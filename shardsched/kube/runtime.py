@@ -210,6 +210,22 @@ class KubeRuntime:
         status, health = ray.get([self.coordinator.status.remote(), self.coordinator.cluster_health.remote()], timeout=10)
         return {**status, "cluster": health}
 
+    def coordinator_dead(self) -> str:
+        """Why the coordinator is gone ("" while it lives or cannot be told): in Ray mode its actor
+        died (killed, or its node lost), which takes the shards with it; in threads mode it runs in
+        this process and cannot die alone."""
+        if not self.started or self.options.mode == THREADS:
+            return ""
+        import ray
+
+        try:
+            ray.get(self.coordinator.status.remote(), timeout=10)
+        except ray.exceptions.RayActorError as e:
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except ray.exceptions.GetTimeoutError:
+            return ""  # busy, not dead
+        return ""
+
     def problems(self) -> list[str]:
         """Why the running scheduler cannot work right now (empty when it can): Redis not answering
         a PING, a watch of the API server failing (its newest error). For ``/readyz``.
