@@ -200,6 +200,13 @@ def test_the_leader_steps_down_when_its_coordinator_dies(api_server, kubeconfig,
     processes.append(s)
     wait_for(lambda: bound(api_server.sim, "before"), 90, "bound in ray mode")
 
+    def shard_bind_counted() -> bool:  # the shards' own backend counters reach /metrics
+        code, body = http_get(s.port, "/metrics")
+        return code == 200 and any(line.startswith("shardsched_kube_binds_total{") and 'code="201"' in line
+                                   and 'shard="' in line and not line.endswith(" 0.0") for line in body.splitlines())
+
+    wait_for(shard_bind_counted, 20, "shardsched_kube_binds_total of a shard")
+
     def coordinator() -> psutil.Process | None:
         for p in psutil.Process(s.proc.pid).children(recursive=True):
             try:

@@ -46,6 +46,9 @@ class ShardHost:
     def __init__(self, index: int, member: str, config: SchedulerConfiguration, redis_url: str, prefix: str,
                  cluster: Any, coordinator: Any, options: ShardOptions) -> None:
         ledger = Ledger(connect(redis_url), prefix)
+        # a backend object living in this process (the Kubernetes backend binds from each shard)
+        # has counters of its own (binds by code, Events written): `metric_samples` adds them
+        self._own_backend = cluster if callable(getattr(type(cluster), "metric_samples", None)) else None
         self.shard = Shard(index, member, config, ledger, RemoteBindTarget(Remote(cluster)),
                            RemoteRebalancer(Remote(coordinator)), options)
         self.thread = threading.Thread(target=self.shard.run_forever, name=f"shard-{index}", daemon=True)
@@ -66,7 +69,10 @@ class ShardHost:
     def snapshot(self): return self.shard.snapshot()
     def pending_keys(self): return self.shard.pending_keys()
     def take_stats(self): return self.shard.take_stats()
-    def metric_samples(self): return self.shard.metric_samples()
+    def metric_samples(self):
+        own = self._own_backend.metric_samples() if self._own_backend is not None else []
+        return self.shard.metric_samples() + own
+
     def ping(self): return self.shard.ping()
     def pid(self): return os.getpid()
     def stop(self): self.shard.stop()
