@@ -17,3 +17,31 @@ def redis_url_option(ctx: click.Context, param: click.Parameter, value: str | No
     except ValueError as e:
         raise click.BadParameter(f"{value!r}: {e}") from None
     return value
+
+
+def autoscale_options(autoscale_note: str = "", max_shards_help: str = "With --autoscale."):
+    """The ``--autoscale``, ``--min-shards`` and ``--max-shards`` options of ``run`` and ``serve``
+    (read back with `autoscaler_from`); ``autoscale_note`` ends ``--autoscale``'s help."""
+    def decorate(command):
+        for option in reversed([
+            click.option("--autoscale", is_flag=True,
+                         help="Let the coordinator set the shard count from pending pods per shard and scheduling "
+                              f"latency, within --min-shards and --max-shards{autoscale_note}."),
+            click.option("--min-shards", type=click.IntRange(1, 64), default=1, show_default=True,
+                         help="With --autoscale."),
+            click.option("--max-shards", type=click.IntRange(1, 64), default=8, show_default=True,
+                         help=max_shards_help),
+        ]):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def autoscaler_from(kw: dict):
+    """`AutoscalerOptions` from the options of `autoscale_options`, or None without --autoscale.
+
+    Raises: ValueError for an inconsistent range (min above max)."""
+    from shardsched.sharding.scaling import AutoscalerOptions
+
+    return AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from shardsched.cli import redis_url_option
+from shardsched.cli import autoscale_options, autoscaler_from, redis_url_option
 from shardsched.errors import ConfigError, ShardschedError
 
 #: the field report's table (5,000 nodes of 8C/16G, 1C/1Gi pods): avg, P99 latency (s), pods/s,
@@ -51,11 +51,7 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--scale-at", callback=_parse_scale_at, metavar="T:N[,T:N...]",
               help="Change the shard count during the run: at T seconds after the workload starts, to N shards "
                    "(e.g. 2:4,5:2). `shardsched scale --shards N` does the same from another terminal.")
-@click.option("--autoscale", is_flag=True,
-              help="Let the coordinator set the shard count from pending pods per shard and scheduling latency, "
-                   "within --min-shards and --max-shards (--shards is the count at start).")
-@click.option("--min-shards", type=click.IntRange(1, 64), default=1, show_default=True, help="With --autoscale.")
-@click.option("--max-shards", type=click.IntRange(1, 64), default=8, show_default=True, help="With --autoscale.")
+@autoscale_options(autoscale_note=" (--shards is the count at start)")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
               help="Pods per batch; 0 = adaptive (everything ready, up to --max-batch-size).")
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
@@ -99,14 +95,13 @@ def run(**kw) -> None:
     """
     from shardsched.config import load_config
     from shardsched.sharding.runtime import EmbeddedRun, RunError, RunOptions
-    from shardsched.sharding.scaling import AutoscalerOptions
     from shardsched.sharding.shard import ShardOptions
     from shardsched.sim.cluster import FaultConfig
 
     try:
         config = load_config(kw["config_path"])
         nodes, workload, notes = _workload(kw, config.profiles[0].scheduler_name)
-        autoscaler = AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None
+        autoscaler = autoscaler_from(kw)
     except (ConfigError, ShardschedError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

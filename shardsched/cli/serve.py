@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from shardsched.cli import redis_url_option
+from shardsched.cli import autoscale_options, autoscaler_from, redis_url_option
 from shardsched.errors import ConfigError, PermanentError, ShardschedError, TemporaryError
 
 log = logging.getLogger("shardsched.serve")
@@ -162,12 +162,8 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
 @click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Shards (at start; with --mode ray, `shardsched scale --shards N` changes it while "
                    "serving).")
-@click.option("--autoscale", is_flag=True,
-              help="Let the coordinator set the shard count from pending pods per shard and scheduling latency, "
-                   "within --min-shards and --max-shards.")
-@click.option("--min-shards", type=click.IntRange(1, 64), default=1, show_default=True, help="With --autoscale.")
-@click.option("--max-shards", type=click.IntRange(1, 64), default=8, show_default=True,
-              help="With --autoscale; with --shard-cpus 1, at most the CPUs Ray's workers can offer.")
+@autoscale_options(max_shards_help="With --autoscale; with --shard-cpus 1, at most the CPUs Ray's workers "
+                                   "can offer.")
 @click.option("--mode", type=click.Choice(["ray", "threads"]), default="ray", show_default=True,
               help="ray: coordinator and shards as Ray actors; threads: all in this process, no Ray.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one (auto: the local node's).")
@@ -229,12 +225,11 @@ def serve(**kw) -> None:
     from shardsched.kube.client import ClientSpec
     from shardsched.kube.cluster import KubeCluster
     from shardsched.kube.runtime import KubeRuntime, RuntimeOptions
-    from shardsched.sharding.scaling import AutoscalerOptions
     from shardsched.sharding.shard import ShardOptions
 
     try:
         config = load_config(kw["config_path"]) if kw["config_path"] else parse_config(DEFAULT_PROFILE, "<serve default>")
-        autoscaler = AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None
+        autoscaler = autoscaler_from(kw)
     except (ConfigError, ShardschedError, OSError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
