@@ -367,6 +367,12 @@ def _bench_prepare(spec, scheduler_name: str, kw: dict):
         raise Forbidden(f"{e}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run it with "
                         "a kubeconfig allowed to (a cluster admin's or a test cluster's), not shardsched's service "
                         "account") from None
+    except ShardschedError:
+        bench.cleanup()
+        raise
+    except (RuntimeError, TimeoutError) as e:  # the bench's observer process failed
+        bench.cleanup()
+        raise PermanentError(f"--bench: {e}") from None
 
 
 def _bench_report(bench, report, started_at: float, kw: dict) -> int:

@@ -1,7 +1,7 @@
 """``serve --bench N``: how fast does shardsched bind against this API server, and is the API server
 or the scheduler the limit?
 
-Two measurements in the namespace given, both from this process:
+Two measurements in the namespace given, from this process and one helper process:
 
 1. **API server baseline**: N pods with a schedulerName nobody serves are created, then bound
    directly from one client (`KubeCluster.bind_many`, the same concurrent ``pods/binding`` path the
@@ -10,7 +10,9 @@ Two measurements in the namespace given, both from this process:
 2. **shardsched**, on a backlog (the field report's burst: thousands of pods pending at once): N
    pods for the scheduler's first profile are created *before* shardsched starts (so the creation
    rate, itself limited by the API server, does not cap the measured rate); a watch of the namespace
-   sees each get ``spec.nodeName``. Pods/s = bound / (last bound seen - shardsched started, i.e.
+   sees each get ``spec.nodeName``. That watch runs in a process of its own (`_observe`), so that
+   the observer's decoding does not take the scheduler's CPU (in ``--mode threads`` shardsched is one
+   Python process, and the watch cost about a tenth of its time). Pods/s = bound / (last bound seen - shardsched started, i.e.
    its start returned, Ray and the informers' first lists done, or the first bind seen if earlier);
    latency = from max(pod created, shardsched started) to the bind seen on the watch (the time a pod waited
    while shardsched was running), P50/P99.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +35,7 @@ import numpy as np
 
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
-from shardsched.kube.informer import BOUND, BOUND_WATCH, Reflector, Store, WatchSpec
+from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import POD
 from shardsched.sim.errors import AlreadyExists, Conflict
@@ -103,6 +106,62 @@ def register_node(api, node: dict, exist_ok: bool = False) -> None:
                 body={"status": {"conditions": [ready]}}, content_type=MERGE_PATCH)
     api.request("PATCH", f"/api/v1/nodes/{name}", verb="patch", resource="nodes",
                 body={"spec": {"taints": (node.get("spec") or {}).get("taints")}}, content_type=MERGE_PATCH)
+
+
+def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, names: list[str], conn) -> None:
+    """The bench's observer (a child process, talking over the pipe ``conn``): list then watch the
+    namespace's pods of ``scheduler_name``; send ``("ready", None)`` once listed; then, once every
+    pod of ``names`` is bound, the deadline of the ``("go", timeout_s)`` message passes or
+    ``("stop", None)`` arrives, send ``("done", (bound_at, created_at))``: name -> bind seen and
+    name -> created (Unix s, from the bench annotation). Returns when the parent is gone."""
+    spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods",
+                       f"spec.schedulerName={scheduler_name}", BOUND)
+    api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
+    store = Store([spec_w])
+    reflector = Reflector(api, store, spec_w, watch_timeout_s=60)
+    try:
+        reflector.list()
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    reflector.start()
+    conn.send(("ready", None))
+    ours = set(names)
+    bound_at: dict[str, float] = {}
+    created_at: dict[str, float] = {}
+    seq = 0
+    deadline = None
+    try:
+        while len(bound_at) < len(ours):
+            try:
+                if conn.poll():
+                    msg, arg = conn.recv()
+                    if msg == "stop":
+                        break
+                    deadline = time.monotonic() + arg
+            except (EOFError, OSError):  # the parent is gone
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            events, seq = store.since(seq)
+            now = time.time()
+            for ev in events:
+                meta = ev.object.get("metadata") or {}
+                name = meta.get("name")
+                if name not in ours:
+                    continue
+                created = (meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)
+                if created:
+                    created_at.setdefault(name, float(created))
+                if (ev.object.get("spec") or {}).get("nodeName"):
+                    bound_at.setdefault(name, now)
+            time.sleep(0.005)
+    finally:
+        reflector.stop()
+    try:
+        conn.send(("done", (bound_at, created_at)))
+    except OSError:
+        pass
 
 
 class Bench:
@@ -182,14 +241,22 @@ class Bench:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
         self.api_baseline(n, nodes, report)
-        spec = WatchSpec(BOUND_WATCH, POD, f"/api/v1/namespaces/{self.namespace}/pods",
-                         f"spec.schedulerName={self.scheduler_name}", BOUND)
-        self._store = Store([spec])
         self._names = [f"bench-{self.run_id}-{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name) for name in self._names])
-        self._reflector = Reflector(self.api, self._store, spec, watch_timeout_s=60)
-        self._reflector.list()
-        self._reflector.start()
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._observer = ctx.Process(target=_observe, name="shardsched-bench-observer", daemon=True,
+                                     args=(self.spec, self.namespace, self.scheduler_name, self._names, child))
+        self._observer.start()
+        child.close()  # the child's end: a dead child then reads as EOF here
+        try:
+            if not self._conn.poll(120):
+                raise TimeoutError("the bench's observer did not list the pods within 120 s")
+            msg, arg = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the bench's observer died (exit code {self._observer.exitcode})") from None
+        if msg != "ready":
+            raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
         return report
 
     def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
@@ -197,28 +264,21 @@ class Bench:
         starts at the first bind seen if that was earlier): wait until every pod is bound (or
         ``timeout_s``), compute the figures, delete the pods and the nodes made."""
         n = len(self._names)
-        ours = set(self._names)  # other pods of this scheduler in the namespace are not counted
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
-        seq = 0
-        deadline = time.monotonic() + timeout_s
         try:
-            while len(bound_at) < n and time.monotonic() < deadline:
-                events, seq = self._store.since(seq)
-                now = time.time()
-                for ev in events:
-                    meta = ev.object.get("metadata") or {}
-                    name = meta.get("name")
-                    if name not in ours:
-                        continue
-                    created = (meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)
-                    if created:
-                        created_at.setdefault(name, float(created))
-                    if (ev.object.get("spec") or {}).get("nodeName"):
-                        bound_at.setdefault(name, now)
-                time.sleep(0.005)
-        finally:
-            self._reflector.stop()
+            self._conn.send(("go", timeout_s))
+            if self._conn.poll(timeout_s + 30):
+                msg, arg = self._conn.recv()
+                if msg == "done":
+                    bound_at, created_at = arg
+            else:
+                report.errors.append("the bench's observer did not answer")
+        except (EOFError, OSError) as e:
+            report.errors.append(f"the bench's observer died: {type(e).__name__}")
+        self._observer.join(10)
+        if self._observer.is_alive():
+            self._observer.kill()
         report.bound = len(bound_at)
         if bound_at:
             started_at = min(started_at, min(bound_at.values()))
@@ -234,7 +294,16 @@ class Bench:
         return report
 
     def cleanup(self) -> None:
-        """Delete the bench pods and the nodes made (best effort)."""
+        """Stop the observer, delete the bench pods and the nodes made (best effort)."""
+        observer = getattr(self, "_observer", None)
+        if observer is not None and observer.is_alive():
+            try:
+                self._conn.send(("stop", None))
+            except OSError:
+                pass
+            observer.join(5)
+            if observer.is_alive():
+                observer.kill()
         self._delete(getattr(self, "_names", []))
         for name in getattr(self, "_made_nodes", []):
             try:

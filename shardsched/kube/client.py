@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import orjson
 import urllib3
 import yaml
 from kubernetes import client as k8s
@@ -322,7 +323,7 @@ class Api:
         if not 200 <= resp.status <= 299:
             raise classify(resp.status, data, verb, resource, resp.headers)
         try:
-            return json.loads(data) if data else {}
+            return orjson.loads(data) if data else {}
         except ValueError:
             raise Garbage(f"{verb} {resource}: the API server answered {resp.status} with a body that is not JSON: "
                           f"{data[:120]!r}") from None

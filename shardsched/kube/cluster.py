@@ -12,7 +12,8 @@ The coordinator consumes it through `Remote` exactly like the simulated cluster:
   queued and written in the background (`shardsched.kube.writers`).
 
 Shards bind through ``bind_many`` (the `BindTarget` protocol): the ``pods/binding`` subresource,
-concurrently from a thread pool, each request taking a token from a client-side token bucket, and
+concurrently on the asyncio connection of `shardsched.kube.aio` (at most ``bind_workers`` requests
+in flight), each request taking a token from a client-side token bucket, and
 the answer mapped to the codes the shard understands (201; 404 and 409 passed through; 429, 5xx,
 connect failures -> 500, not applied; 504 and read timeouts -> 504, maybe applied). After a 201 it
 records the ``Scheduled`` Event ("Successfully assigned ns/pod to node") as kube-scheduler does right
@@ -26,17 +27,17 @@ that only binds never starts informers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
 
-import urllib3
 from kubernetes import client as k8s
 
 from shardsched.errors import PermanentError
-from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify, transport_error
+from shardsched.kube.aio import AioApi
+from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector, Store, watch_specs
 from shardsched.kube.writers import EventRecorder, StatusWriter
 from shardsched.sim.cluster import BindResult, WatchEvent
@@ -68,7 +69,7 @@ class KubeCluster:
             every shard has its own copy, so that together they keep kube-scheduler's client
             budget). Events, conditions, lists and watches have a bucket of the full size, as
             kube-scheduler's event client is separate from its main client.
-        bind_workers: concurrent bind requests (threads and pooled connections).
+        bind_workers: most bind requests in flight at once (and pooled connections).
         watch_timeout_s: server-side timeout of one watch call (reconnects after it).
         log_limit: changes kept for ``events_since``.
         emit_scheduled: record the ``Scheduled`` Event after each successful bind.
@@ -97,8 +98,9 @@ class KubeCluster:
         self._client: k8s.ApiClient | None = None
         self._api: Api | None = None
         self._bind_bucket: TokenBucket | None = None
-        self._bind_api: Api | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._aio: AioApi | None = None
+        self._bind_api: AioApi | None = None
+        self._bind_slots: asyncio.Semaphore | None = None
         self._recorder: EventRecorder | None = None
         self._status: StatusWriter | None = None
         self._reflectors: list[Reflector] = []
@@ -122,28 +124,34 @@ class KubeCluster:
                 self._api = Api(self._client, TokenBucket(self.spec.qps, self.spec.burst), timeouts)
             return self._api
 
-    def _binder(self) -> tuple[Api, ThreadPoolExecutor, TokenBucket]:
-        """The binding connection: the shared client with this binder's share of the rate limit."""
+    def _writes(self) -> AioApi:
+        """The asyncio connection of the per-pod writes (binds, Events, conditions), under the
+        full-size rate limiter of `_connection` (binds take a view with their own share)."""
+        with self._lock:
+            if self._aio is None:
+                self._connection()
+                self._aio = AioApi(self.spec, self._api.bucket, pool_size=self.bind_workers + 8)
+            return self._aio
+
+    def _binder(self) -> AioApi:
+        """The binding connection: the writes' connection with this binder's share of the rate limit."""
         with self._lock:
             if self._bind_api is None:
-                self._connection()
                 share = min(1.0, max(self.bind_share, 1e-6))
                 self._bind_bucket = TokenBucket(self.spec.qps * share, max(1, round(self.spec.burst * share)))
-                self._bind_api = Api(self._client, self._bind_bucket, (self.spec.connect_timeout_s,
-                                                                         self.spec.request_timeout_s))
-                self._pool = ThreadPoolExecutor(self.bind_workers, thread_name_prefix="bind")
-            return self._bind_api, self._pool, self._bind_bucket
+                self._bind_api = self._writes().with_bucket(self._bind_bucket)
+            return self._bind_api
 
     def recorder(self) -> EventRecorder:
         with self._lock:
             if self._recorder is None:
-                self._recorder = EventRecorder(self._connection(), self.scheduler_names[0])
+                self._recorder = EventRecorder(self._writes(), self.scheduler_names[0])
             return self._recorder
 
     def _status_writer(self) -> StatusWriter:
         with self._lock:
             if self._status is None:
-                self._status = StatusWriter(self._connection(), self.store.pod)
+                self._status = StatusWriter(self._writes(), self.store.pod)
             return self._status
 
     def start(self) -> None:
@@ -211,43 +219,39 @@ class KubeCluster:
         """
         if not bindings:
             return []
-        _, pool, _ = self._binder()
-        futures = [pool.submit(self._bind_one, *b) for b in bindings]
-        results = [f.result() for f in futures]
+        api = self._binder()
+        results = api.run(self._bind_all(api, bindings))
         with self._lock:
             for r in results:
                 self.bind_counts[r.code] = self.bind_counts.get(r.code, 0) + 1
         return results
 
-    def _bind_one(self, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
-        api, _, _ = self._binder()
+    async def _bind_all(self, api: AioApi, bindings: Sequence[tuple]) -> list[BindResult]:
+        if self._bind_slots is None:  # created on the loop that uses it
+            self._bind_slots = asyncio.Semaphore(self.bind_workers)
+        return list(await asyncio.gather(*(self._bind_one(api, *b) for b in bindings)))
+
+    async def _bind_one(self, api: AioApi, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
         resource = f"pods/binding ({namespace}/{name} -> {node})"
         meta = {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})}
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        # The client's generic call path (`Api.send`), not the typed `create_namespaced_pod_binding`:
+        # A request of the client's generic call path, not the typed `create_namespaced_pod_binding`:
         # the typed method validates its arguments and builds and serializes models, which cost 60%
         # more CPU per bind than the request itself (docs/kubernetes.md, Benchmark), and it cannot
         # read the Status the server answers anyway (kubernetes-client/python#547).
         try:
-            resp = api.send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", None, body, None, None,
-                            "create", resource)
-            try:
-                status, data = resp.status, resp.read()
-            finally:
-                resp.response.release_conn()
+            async with self._bind_slots:
+                status, headers, data = await api.send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                                                       verb="create", resource=resource, body=body)
         except (Timeout, Unreachable) as e:  # no answer: a read timeout may hide an applied bind
             code = MAYBE_APPLIED if isinstance(e, Timeout) else NOT_APPLIED
             return BindResult(namespace, name, node, code, type(e).__name__, str(e))
-        except (urllib3.exceptions.HTTPError, OSError) as e:  # the answer broke off while read
-            err = transport_error(e, "create", resource, api.host)
-            code = MAYBE_APPLIED if isinstance(err, Timeout) else NOT_APPLIED
-            return BindResult(namespace, name, node, code, type(err).__name__, str(err))
         except Exception as e:  # noqa: BLE001 - never raise for one item
             log.exception("bind of %s/%s failed unexpectedly", namespace, name)
             return BindResult(namespace, name, node, NOT_APPLIED, "InternalError", f"{type(e).__name__}: {e}")
         if not 200 <= status <= 299:
-            err = classify(status, data, "create", resource, resp.headers)
+            err = classify(status, data, "create", resource, headers)
             if status in (NOT_FOUND, CONFLICT):
                 return BindResult(namespace, name, node, status, getattr(err, "reason", ""), str(err))
             if isinstance(err, PermanentError):
@@ -367,6 +371,6 @@ class KubeCluster:
         for writer in (self._recorder, self._status):
             if writer is not None:
                 writer.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        if self._aio is not None:
+            self._aio.close()
 

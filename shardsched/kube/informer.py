@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import orjson
 import urllib3
 
 from shardsched.errors import PermanentError, TemporaryError
@@ -362,7 +363,7 @@ class Reflector:
                 return 0
             for line in iter_lines(resp):
                 try:
-                    event = json.loads(line)
+                    event = orjson.loads(line)  # ~4x faster than json on a pod with managedFields
                     type_, obj = event["type"], event["object"]
                     if not isinstance(obj, dict):
                         raise TypeError("object is not a mapping")
