@@ -104,7 +104,8 @@ class ChaosRun(EmbeddedRun):
                           if redis_url is None or s.redis.appendonly or "restart-redis" in actions else None)
         shard_options = ShardOptions(batch_size=s.shards.batch_size, max_batch_size=s.shards.max_batch_size,
                                      lease_ttl_ms=int(s.shards.lease_ttl_s * 1000),
-                                     reservation_ttl_ms=int(s.shards.reservation_ttl_s * 1000), seed=s.seed)
+                                     reservation_ttl_ms=int(s.shards.reservation_ttl_s * 1000),
+                                     binding_cycles=s.shards.binding_cycles, seed=s.seed)
         options = RunOptions(shards=s.shards.count, shard_options=shard_options, redis_url=redis_url,
                              faults=s.binds.fault_config(), seed=s.seed, timeout_s=s.duration_s)
         super().__init__(load_config(CONFIG), nodes, workload, options, on_progress)

@@ -76,6 +76,8 @@ class ShardsSpec(_Model):
     reservation_ttl_s: float = Field(3.0, gt=0)
     batch_size: int = Field(0, ge=0)
     max_batch_size: int = Field(1000, ge=1)
+    #: binding cycles in the background per shard (`ShardOptions.binding_cycles`; serve runs 2)
+    binding_cycles: int = Field(0, ge=0, le=8)
 
 
 class RedisSpec(_Model):

@@ -90,9 +90,17 @@ def test_recovery_is_the_time_until_the_rate_stays_back(gap, expected):
 # ------------------------------------------------------------------------------------ short runs
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
-def test_short_scenario_verdict(name, redis_server, ray_session):
-    verdict = ChaosRun(load_scenario(name, short=True), redis_url=redis_server.url, short=True).run_verdict()
+#: scenarios run a second time with each shard binding in the background (binding_cycles=2, as
+#: serve runs): kills mid-bind, 409/5xx storms, Redis restarted, a rival scheduler
+BACKGROUND_BINDING = ["shard-kill", "bind-errors", "redis-restart", "rival-scheduler"]
+
+
+@pytest.mark.parametrize("name, binding_cycles", [(n, 0) for n in SCENARIOS] + [(n, 2) for n in BACKGROUND_BINDING],
+                         ids=SCENARIOS + [f"{n}-binding-cycles-2" for n in BACKGROUND_BINDING])
+def test_short_scenario_verdict(name, binding_cycles, redis_server, ray_session):
+    scenario = load_scenario(name, short=True)
+    scenario = scenario.model_copy(update={"shards": scenario.shards.model_copy(update={"binding_cycles": binding_cycles})})
+    verdict = ChaosRun(scenario, redis_url=redis_server.url, short=True).run_verdict()
     data = verdict.to_json()
 
     assert VERDICT_KEYS <= set(data)

@@ -729,3 +729,65 @@ def test_a_map_changed_between_schedule_and_reserve_fences_the_old_owner(ledger)
     assert_cluster_safe(cluster)
     assert_ledger_matches_cluster(ledger, cluster)
     assert_no_pod_lost(cluster, [shard_a, shard_b], rebalancer)
+
+
+# ---------------------------------------------------------------------------- binding cycles in the background
+
+
+def run_in_thread(shard: Shard) -> threading.Thread:
+    t = threading.Thread(target=shard.run_forever, daemon=True)
+    t.start()
+    return t
+
+
+def test_background_binding_cycles_bind_each_pod_once_and_retire_waits_for_them(ledger):
+    """binding_cycles=2 (as serve runs): the next batches are scheduled while earlier ones bind,
+    500s are retried, and when the shard retires every binding cycle has ended and been applied:
+    the ledger matches the cluster, nothing is left reserved or in flight."""
+    cluster = cluster_of(8, 32, node_cpu="4", pod_cpu="1", faults=FaultConfig(bind_error_rate=0.3))
+    publish(ledger, cluster, A)
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, batch_size=3, binding_cycles=2)
+    t = run_in_thread(shard)
+    deadline = time.monotonic() + 20
+    while cluster.invariants()["pods_unbound"]:
+        assert time.monotonic() < deadline, "not everything was bound"
+        time.sleep(0.01)
+    left = shard.retire(timeout_s=10)
+    t.join(5)
+    assert left == [] and not t.is_alive()
+    assert shard.stats.bound == 32 and shard.stats.bind_errors > 0
+    assert not shard._binding
+    assert_cluster_safe(cluster)
+    assert_ledger_matches_cluster(ledger, cluster)
+    assert rebalancer.items == []
+
+
+def test_a_batch_scheduled_while_another_binds_sees_its_pods(ledger):
+    """The in-batch assume holds across batches: pods of a batch still binding are counted when
+    the next batch is scheduled, so a full cluster is never overcommitted (the simulated kubelet
+    admission rejects nothing) and the pods that do not fit are handed off as unschedulable."""
+    cluster = cluster_of(4, 12, node_cpu="2", pod_cpu="1")
+    publish(ledger, cluster, A)
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, batch_size=2, binding_cycles=2)
+    drive([shard], lambda: len(bound_keys(cluster)) == 8 and len(rebalancer.by_reason(UNSCHEDULABLE_HERE)) == 4)
+    shard.stop()
+    shard.run_forever()  # returns at once (stopped), after applying the binding cycles still out
+    assert_cluster_safe(cluster)
+    assert_ledger_matches_cluster(ledger, cluster)
+    assert_no_pod_lost(cluster, [shard], rebalancer)
+
+
+def test_a_conflict_in_a_background_binding_cycle_is_handed_off(ledger):
+    cluster = cluster_of(2, 1, node_cpu="2", faults=FaultConfig(bind_conflict_rate=1.0))
+    publish(ledger, cluster, A)
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, binding_cycles=1)
+    uid = uid_of(cluster, "pod-00000")
+    assert shard.step() == 1  # scheduled and reserved; binding in the background
+    drive([shard], lambda: bool(rebalancer.by_reason(BIND_CONFLICT)))
+    assert_nothing_held(ledger, shard)
+    assert shard.table.node_of(uid) is None and lease_is_free(ledger, uid)
+    assert shard.pending_keys() == []
+    assert_no_pod_lost(cluster, [shard], rebalancer)

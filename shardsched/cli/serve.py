@@ -28,6 +28,9 @@ DEFAULT_LOCK = "shardsched"
 EXIT_CONFIG, EXIT_LOST, EXIT_COORDINATOR = 2, 3, 4
 #: how often the leader checks that its coordinator is alive (seconds)
 COORDINATOR_CHECK_S = 2.0
+#: binding cycles each shard runs in the background while it schedules its next batch
+#: (`ShardOptions.binding_cycles`): a batch's binds against an API server take most of a second
+BINDING_CYCLES = 2
 
 #: the profile served without --config: kube's defaults under the name "shardsched", so that nothing
 #: is taken from the default scheduler unless a pod asks for shardsched
@@ -261,7 +264,8 @@ def serve(**kw) -> None:
     options = RuntimeOptions(shards=kw["shards"], mode=kw["mode"], redis_url=kw["redis_url"],
                              ray_address=kw["ray_address"] or None, watch_timeout_s=kw["watch_timeout_s"],
                              shard_num_cpus=kw["shard_cpus"], autoscaler=autoscaler,
-                             shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"]),
+                             shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"],
+                                                        binding_cycles=BINDING_CYCLES),
                              prefix=f"ss:{lease_name}:{uuid.uuid4().hex[:8]}:")
     state = _State()
     stop = threading.Event()

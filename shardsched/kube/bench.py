@@ -108,12 +108,13 @@ def register_node(api, node: dict, exist_ok: bool = False) -> None:
                 body={"spec": {"taints": (node.get("spec") or {}).get("taints")}}, content_type=MERGE_PATCH)
 
 
-def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, names: list[str], conn) -> None:
+def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, prefix: str, count: int, conn) -> None:
     """The bench's observer (a child process, talking over the pipe ``conn``): list then watch the
     namespace's pods of ``scheduler_name``; send ``("ready", None)`` once listed; then, once every
     pod of ``names`` is bound, the deadline of the ``("go", timeout_s)`` message passes or
     ``("stop", None)`` arrives, send ``("done", (bound_at, created_at))``: name -> bind seen and
-    name -> created (Unix s, from the bench annotation). Returns when the parent is gone."""
+    name -> created (Unix s, from the bench annotation). The pods counted are the ``count`` ones
+    named ``prefix`` + 6 digits. Returns when the parent is gone."""
     spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods",
                        f"spec.schedulerName={scheduler_name}", BOUND)
     api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
@@ -126,7 +127,7 @@ def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, names: list[
         return
     reflector.start()
     conn.send(("ready", None))
-    ours = set(names)
+    ours = {f"{prefix}{i:06d}" for i in range(count)}
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
     seq = 0
@@ -241,12 +242,13 @@ class Bench:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
         self.api_baseline(n, nodes, report)
-        self._names = [f"bench-{self.run_id}-{i:06d}" for i in range(n)]
+        prefix = f"bench-{self.run_id}-"
+        self._names = [f"{prefix}{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name) for name in self._names])
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._observer = ctx.Process(target=_observe, name="shardsched-bench-observer", daemon=True,
-                                     args=(self.spec, self.namespace, self.scheduler_name, self._names, child))
+                                     args=(self.spec, self.namespace, self.scheduler_name, prefix, n, child))
         self._observer.start()
         child.close()  # the child's end: a dead child then reads as EOF here
         try:
@@ -254,7 +256,9 @@ class Bench:
                 raise TimeoutError("the bench's observer did not list the pods within 120 s")
             msg, arg = self._conn.recv()
         except EOFError:
-            raise RuntimeError(f"the bench's observer died (exit code {self._observer.exitcode})") from None
+            self._observer.join(5)
+            raise RuntimeError(f"the bench's observer died (exit code {self._observer.exitcode}); "
+                               "its error is above") from None
         if msg != "ready":
             raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
         return report

@@ -16,9 +16,10 @@ concurrently on the asyncio connection of `shardsched.kube.aio` (at most ``bind_
 in flight), each request taking a token from a client-side token bucket, and
 the answer mapped to the codes the shard understands (201; 404 and 409 passed through; 429, 5xx,
 connect failures -> 500, not applied; 504 and read timeouts -> 504, maybe applied). After a 201 it
-records the ``Scheduled`` Event ("Successfully assigned ns/pod to node") as kube-scheduler does right
-after its Bind succeeds: the hook is the bind itself, so the Event is written by the process that
-bound the pod and only for binds that succeeded.
+records the ``Scheduled`` Event ("Successfully assigned ns/pod to node") as kube-scheduler does after
+its Bind succeeds: the hook is the bind call itself (the Events of a call's binds are queued when
+the call returns), so the Event is written by the process that bound the pod and only for binds
+that succeeded.
 
 The object is plain and picklable (its `ClientSpec` and options): every process that receives a
 copy (the coordinator actor, each shard actor) builds its own API client on first use, and a copy
@@ -69,7 +70,8 @@ class KubeCluster:
             every shard has its own copy, so that together they keep kube-scheduler's client
             budget). Events, conditions, lists and watches have a bucket of the full size, as
             kube-scheduler's event client is separate from its main client.
-        bind_workers: most bind requests in flight at once (and pooled connections).
+        bind_workers: most bind requests in flight per `bind_many` call, i.e. per binding cycle of a
+            shard (shards that share this object each have theirs, as with a copy per shard actor).
         watch_timeout_s: server-side timeout of one watch call (reconnects after it).
         log_limit: changes kept for ``events_since``.
         emit_scheduled: record the ``Scheduled`` Event after each successful bind.
@@ -100,7 +102,6 @@ class KubeCluster:
         self._bind_bucket: TokenBucket | None = None
         self._aio: AioApi | None = None
         self._bind_api: AioApi | None = None
-        self._bind_slots: asyncio.Semaphore | None = None
         self._recorder: EventRecorder | None = None
         self._status: StatusWriter | None = None
         self._reflectors: list[Reflector] = []
@@ -130,7 +131,8 @@ class KubeCluster:
         with self._lock:
             if self._aio is None:
                 self._connection()
-                self._aio = AioApi(self.spec, self._api.bucket, pool_size=self.bind_workers + 8)
+                # room for the binding cycles of a few shards (threads mode shares this object)
+                self._aio = AioApi(self.spec, self._api.bucket, pool_size=4 * self.bind_workers + 8)
             return self._aio
 
     def _binder(self) -> AioApi:
@@ -221,17 +223,19 @@ class KubeCluster:
             return []
         api = self._binder()
         results = api.run(self._bind_all(api, bindings))
+        if self.emit_scheduled:
+            self._emit_scheduled(bindings, results)
         with self._lock:
             for r in results:
                 self.bind_counts[r.code] = self.bind_counts.get(r.code, 0) + 1
         return results
 
     async def _bind_all(self, api: AioApi, bindings: Sequence[tuple]) -> list[BindResult]:
-        if self._bind_slots is None:  # created on the loop that uses it
-            self._bind_slots = asyncio.Semaphore(self.bind_workers)
-        return list(await asyncio.gather(*(self._bind_one(api, *b) for b in bindings)))
+        slots = asyncio.Semaphore(self.bind_workers)  # per call: each shard's binding cycle has its own
+        return list(await asyncio.gather(*(self._bind_one(api, slots, *b) for b in bindings)))
 
-    async def _bind_one(self, api: AioApi, namespace: str, name: str, node: str, uid: str | None = None) -> BindResult:
+    async def _bind_one(self, api: AioApi, slots: asyncio.Semaphore, namespace: str, name: str, node: str,
+                        uid: str | None = None) -> BindResult:
         resource = f"pods/binding ({namespace}/{name} -> {node})"
         meta = {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})}
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
@@ -241,7 +245,7 @@ class KubeCluster:
         # more CPU per bind than the request itself (docs/kubernetes.md, Benchmark), and it cannot
         # read the Status the server answers anyway (kubernetes-client/python#547).
         try:
-            async with self._bind_slots:
+            async with slots:
                 status, headers, data = await api.send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
                                                        verb="create", resource=resource, body=body)
         except (Timeout, Unreachable) as e:  # no answer: a read timeout may hide an applied bind
@@ -258,13 +262,21 @@ class KubeCluster:
                 self._log_rbac(err)
             code = MAYBE_APPLIED if status == 504 else NOT_APPLIED
             return BindResult(namespace, name, node, code, getattr(err, "reason", ""), str(err))
-        if self.emit_scheduled:
+        return BindResult(namespace, name, node, BOUND)
+
+    def _emit_scheduled(self, bindings: Sequence[tuple], results: list[BindResult]) -> None:
+        """The ``Scheduled`` Event of each pod bound, queued by the calling thread (not on the
+        event loop, where the writer's locks would stall the binds still in flight)."""
+        for b, r in zip(bindings, results):
+            if r.code != BOUND:
+                continue
+            namespace, name, node = b[0], b[1], b[2]
+            uid = b[3] if len(b) > 3 else None
             try:
                 self.recorder().emit({"kind": "Pod", "apiVersion": "v1", "namespace": namespace, "name": name,
                                       "uid": uid}, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node}")
             except Exception:  # noqa: BLE001 - the pod is bound; an Event must not turn that into an error
                 log.exception("Scheduled event for %s/%s not queued", namespace, name)
-        return BindResult(namespace, name, node, BOUND)
 
     def _log_rbac(self, err: Exception) -> None:
         now = time.monotonic()

@@ -13,6 +13,16 @@ One loop step (kube's scheduling cycle + binding cycle, batched):
    server cannot check fencing tokens, so the shard checks its own right before);
 6. Bind the reserved pods in one call to the cluster; then commit (bound) or roll back.
 
+Steps 5-6 are the binding cycle. With ``ShardOptions.binding_cycles`` = 0 they run inside the step;
+with N > 0 they run in the background, as kube-scheduler runs each pod's binding cycle in a
+goroutine while its scheduling cycle goes on: the shard schedules its next batch while up to N
+batches wait for the API server (their pods stay assumed in the table, so the next batch sees
+them). Only the requests run in the background (`_binding_io`: the Permit call right before the
+bind call, so the fencing check is as fresh as in the synchronous order); their results are
+applied by the loop thread at the start of its next step (`_reap_bindings`), so every change to
+the queue, the table and the counters stays on one thread. A stopped or retired shard waits for
+its binding cycles before it reports idle.
+
 Every failure after the assume goes through one rollback path (`_rollback`: release the
 reservation, forget the assume, release the lease) and the pod goes back to the queue with backoff,
 or to the rebalancer when another shard may do better or only the watch can tell what became of it
@@ -31,6 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -71,6 +82,10 @@ class ShardOptions:
             cover one batch's reserve + bind even when the API is slow.
         reservation_ttl_ms: how long a reservation holds capacity without a commit.
         idle_sleep_s: loop sleep when there is nothing to do (bounded by the next backoff expiry).
+        binding_cycles: batches whose binding cycle (Permit + bind) may run in the background while
+            the next batch is scheduled (module docstring); 0 = bind inside the step. Against a
+            real API server, where a batch's binds take most of a second, 2 keeps the API busy
+            while the shard schedules; `step`-driven tests use 0.
     """
 
     batch_size: int = 0
@@ -78,6 +93,7 @@ class ShardOptions:
     lease_ttl_ms: int = 10_000
     reservation_ttl_ms: int = 10_000
     idle_sleep_s: float = 0.005
+    binding_cycles: int = 0
     seed: int | None = None
 
 
@@ -148,6 +164,9 @@ class Shard:
         self._idle = threading.Event()  # set while `run_forever` is not running (see `retire`)
         self._idle.set()
         self.last_error = ""
+        # binding cycles in the background, oldest first: (future of _binding_io, batch, started)
+        self._binding: deque[tuple[Future, list, float]] = deque()
+        self._bind_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
     def set_epoch(self, epoch: int) -> None:
@@ -229,7 +248,10 @@ class Shard:
         try:
             self._loop()
         finally:
-            self._idle.set()
+            try:
+                self._reap_bindings(block=True)  # the batches binding in the background end here
+            finally:
+                self._idle.set()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -280,11 +302,12 @@ class Shard:
         Raises only on a bug; even then the batch's pods still in flight are forgotten in the table
         and put back with backoff first, so nothing is lost.
         """
+        reaped = self._reap_bindings(block=False)
         self._expire_shadows()
         batch = self.queue.pop_batch(self._batch_size())
         if not batch:
             self._publish_pending()
-            return 0
+            return reaped
         try:
             return self._process(batch)
         except Exception:
@@ -396,13 +419,68 @@ class Shard:
                 q.last_failure_reason = f"node {r.node} unknown to the ledger"
                 self.queue.requeue_backoff(q)
 
-        # Permit, then the binding cycle: one call each for the batch.
+        # The binding cycle: Permit, then bind, one call each for the batch; in the background
+        # when binding_cycles > 0 (module docstring).
+        if to_bind and self.options.binding_cycles > 0:
+            self._handoff(handoffs)
+            self._start_binding(to_bind, started)
+            return popped
         if to_bind:
             to_bind = self._permit(to_bind, handoffs)
         if to_bind:
             self._bind(to_bind, handoffs, started)
         self._handoff(handoffs)
         return popped
+
+    # ------------------------------------------------------------------ the binding cycle in the background
+    def _start_binding(self, to_bind, started: float) -> None:
+        """Run the batch's Permit + bind requests in the background, after waiting for the oldest
+        binding cycle when ``binding_cycles`` are already running."""
+        while len(self._binding) >= self.options.binding_cycles:
+            self._reap_bindings(block=True, at_most=1)
+        if self._bind_pool is None:
+            self._bind_pool = ThreadPoolExecutor(self.options.binding_cycles, thread_name_prefix=f"binding-{self.index}")
+        self._binding.append((self._bind_pool.submit(self._binding_io, to_bind), to_bind, started))
+
+    def _binding_io(self, to_bind):
+        """The requests of one binding cycle (a background thread; touches no shard state):
+        the Permit call, then the bind call for the pods it permitted. Returns (permit codes or
+        None, the Redis error or None, bind results or None, the bind call's error or "")."""
+        try:
+            codes = self._permit_io(to_bind)
+        except TemporaryError as e:
+            return None, e, None, ""
+        permitted = [(q.pod_info.namespace, q.pod_info.name, r.node, q.pod_info.uid)
+                     for q, r, _ in to_bind if codes[q.pod_info.uid] == ReserveCode.OK]
+        results, err = self._bind_io(permitted) if permitted else ([], "")
+        return codes, None, results, err
+
+    def _reap_bindings(self, block: bool, at_most: int | None = None) -> int:
+        """Apply the results of finished binding cycles, oldest first, on the loop thread (all of
+        them with ``block``, waiting; else only those already done). Returns the pods applied."""
+        n = done = 0
+        while self._binding and (block or self._binding[0][0].done()) and (at_most is None or done < at_most):
+            future, to_bind, started = self._binding.popleft()
+            done += 1
+            n += len(to_bind)
+            try:
+                codes, redis_error, results, err = future.result()
+                handoffs: list[Handoff] = []
+                permitted = self._permit_apply(to_bind, codes, redis_error, handoffs)
+                if permitted:
+                    self._bind_apply(permitted, results, err, handoffs, started)
+                self._handoff(handoffs)
+            except Exception as e:  # noqa: BLE001 - a bug: the pods not yet settled go back, none is lost
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("shard %s: a binding cycle failed", self.member)
+                in_flight = self.queue.in_flight
+                for q, _, _ in to_bind:
+                    if q.key in in_flight:
+                        with self._lock:
+                            self._forget(q.pod_info)
+                        q.last_failure_reason = f"internal error in the binding cycle: {type(e).__name__}"
+                        self.queue.requeue_backoff(q)  # its reservation and lease expire (TTL)
+        return n
 
     def _permit(self, to_bind, handoffs: list[Handoff]):
         """Right before binding, check the batch in the ledger (`Ledger.permit`, one Redis call):
@@ -413,10 +491,21 @@ class Shard:
         that fails is rolled back: retried here (lease lost) or handed to the rebalancer (fenced).
         With Redis away nothing is bound (reservations and leases expire). The permitted leases
         are extended by a lease TTL, to cover the bind call."""
-        refs = [ReservationRef(q.pod_info.uid, r.node, tok) for q, r, tok in to_bind]
         try:
-            codes = self.ledger.permit(self.member, self.epoch, refs, self.options.lease_ttl_ms)
+            codes = self._permit_io(to_bind)
         except TemporaryError as e:
+            return self._permit_apply(to_bind, None, e, handoffs)
+        return self._permit_apply(to_bind, codes, None, handoffs)
+
+    def _permit_io(self, to_bind) -> dict:
+        """The Permit call (`Ledger.permit`); raises `TemporaryError` when Redis is away."""
+        refs = [ReservationRef(q.pod_info.uid, r.node, tok) for q, r, tok in to_bind]
+        return self.ledger.permit(self.member, self.epoch, refs, self.options.lease_ttl_ms)
+
+    def _permit_apply(self, to_bind, codes: dict | None, redis_error: Exception | None, handoffs: list[Handoff]):
+        """The Permit's outcome: the pods permitted, in batch order; the others rolled back."""
+        if redis_error is not None:
+            e = redis_error
             with self._lock:
                 for q, _, _ in to_bind:
                     self._forget(q.pod_info)
@@ -441,14 +530,20 @@ class Shard:
 
     def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:
         bindings = [(q.pod_info.namespace, q.pod_info.name, r.node, q.pod_info.uid) for q, r, _ in to_bind]
+        results, err = self._bind_io(bindings)
+        self._bind_apply(to_bind, results, err, handoffs, started)
+
+    def _bind_io(self, bindings: list[tuple]) -> tuple[list | None, str]:
+        """The bind call; (results, "") or (None, why) when the call itself failed (no answer)."""
         try:
-            results = self.cluster.bind_many(bindings)
+            return self.cluster.bind_many(bindings), ""
         except TemporaryError as e:
-            results = None
-            err = str(e)
+            return None, str(e)
         except Exception as e:  # noqa: BLE001 - a broken connection to the cluster must not lose pods
-            results = None
-            err = f"{type(e).__name__}: {e}"
+            return None, f"{type(e).__name__}: {e}"
+
+    def _bind_apply(self, to_bind, results: list | None, err: str, handoffs: list[Handoff], started: float) -> None:
+        """The bind's outcome per pod: commit, hand off (404/409) or roll back and retry."""
         now = time.time()
         now_mono = time.monotonic()
         commits, lease_done = [], []
