@@ -217,8 +217,10 @@ def run_scheduler(backend, redis_server):
     runtimes = []
 
     def start(shards: int = 2) -> KubeRuntime:
+        # two binding cycles in the background per shard, as serve runs them
         rt = KubeRuntime(CONFIG, None, RuntimeOptions(shards=shards, mode=THREADS, redis_url=redis_server.url,
-                                                      shard_options=ShardOptions(seed=0)), cluster=backend.cluster)
+                                                      shard_options=ShardOptions(seed=0, binding_cycles=2)),
+                         cluster=backend.cluster)
         rt.start()
         runtimes.append(rt)
         return rt
@@ -425,3 +427,11 @@ def test_a_node_deleted_and_created_again_still_counts_the_pods_bound_to_it(back
     time.sleep(1.5)  # the other two must stay pending: no room left
     assert sum(bool(node_of(backend, f"new-{i}")) for i in range(3)) == 1
     assert all(node_of(backend, f"old-{i}") == "z" for i in range(3))
+
+
+def test_metrics_report_the_current_shards_by_index(backend, run_scheduler):
+    """/metrics labels shard series by index; a shard removed by scaling stops reporting."""
+    rt = run_scheduler(shards=3)
+    assert {k for k in rt.metric_families() if k != "coordinator"} == {"0", "1", "2"}
+    rt.coordinator.scale(1)
+    assert {k for k in rt.metric_families() if k != "coordinator"} == {"0"}

@@ -255,7 +255,8 @@ class KubeRuntime:
         if not self.started:
             return {}
         if self.options.mode == THREADS:
-            out = {str(i): s.metric_samples() for i, s in enumerate(self.shards)}
+            # the current shards, labelled by index as in Ray mode (removed shards stop reporting)
+            out = {str(ref.index): ref.remote.target.metric_samples() for ref in list(self.coordinator.shards)}
             kube = self.cluster.metric_samples() if isinstance(self.cluster, KubeCluster) else []
             out["coordinator"] = self.coordinator.metrics.samples() + kube
             return out
