@@ -49,3 +49,26 @@ def ray_session() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def simapi():
+    """An HTTP peer on 127.0.0.1 serving a simulated cluster with nodes n0 and n1 (`SimApiServer`),
+    requiring a bearer token; a watch sends bookmarks every 0.2 s."""
+    from shardsched.kube.simapi import SimApiServer
+    from shardsched.sim.cluster import SimCluster
+
+    from builders import node
+
+    sim = SimCluster()
+    sim.create_nodes([node("n0"), node("n1")])
+    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex, bookmark_s=0.2) as srv:
+        yield srv
+
+
+@pytest.fixture
+def simapi_spec(simapi, tmp_path):
+    """A `ClientSpec` for `simapi` (no rate limit, 5 s request timeout)."""
+    from shardsched.kube.client import ClientSpec
+
+    return ClientSpec(kubeconfig=simapi.write_kubeconfig(str(tmp_path / "kc")), qps=0, request_timeout_s=5)

@@ -14,54 +14,39 @@ import pytest
 from shardsched.kube.aio import AioApi
 from shardsched.kube.client import ClientSpec, Garbage, TokenBucket, Unauthorized, Unreachable
 from shardsched.kube.cluster import KubeCluster
-from shardsched.kube.simapi import SimApiServer
-from shardsched.sim.cluster import SimCluster
 from shardsched.sim.errors import NotFound, ServerError, Timeout
 
-from builders import node, pod
+from builders import pod
 
 SCHED = "shardsched-test"
 
 
 @pytest.fixture
-def server():
-    sim = SimCluster()
-    sim.create_nodes([node("n0"), node("n1")])
-    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex) as srv:
-        yield srv
-
-
-@pytest.fixture
-def spec(server, tmp_path):
-    return ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")), qps=0, request_timeout_s=5)
-
-
-@pytest.fixture
-def api(spec):
-    a = AioApi(spec)
+def api(simapi_spec):
+    a = AioApi(simapi_spec)
     yield a
     a.close()
 
 
-def test_requests_decode_json_and_raise_the_blocking_clients_typed_errors(server, api):
+def test_requests_decode_json_and_raise_the_blocking_clients_typed_errors(simapi, api):
     assert api.request("GET", "/version", verb="get", resource="version")["major"] == "1"
     with pytest.raises(NotFound):
         api.request("GET", "/api/v1/namespaces/default/pods/nope", verb="get", resource="pods")
-    server.fail("GET", "/version", action="garbage")
+    simapi.fail("GET", "/version", action="garbage")
     with pytest.raises(Garbage):
         api.request("GET", "/version", verb="get", resource="version")
-    server.fail("GET", "/version", status=429)
+    simapi.fail("GET", "/version", status=429)
     with pytest.raises(ServerError) as e:
         api.request("GET", "/version", verb="get", resource="version")
     assert e.value.delay_s >= 0.1
-    server.fail("POST", "/api/v1/namespaces/default/events", action="drop")  # (a GET aiohttp retries once)
+    simapi.fail("POST", "/api/v1/namespaces/default/events", action="drop")  # (a GET aiohttp retries once)
     with pytest.raises(Unreachable):
         api.request("POST", "/api/v1/namespaces/default/events", verb="create", resource="events", body={})
     assert api.request("GET", "/version", verb="get", resource="version")["major"] == "1"  # still usable
 
 
-def test_wrong_token_is_unauthorized(server, tmp_path):
-    bad = AioApi(ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "bad"), token="wrong")))
+def test_wrong_token_is_unauthorized(simapi, tmp_path):
+    bad = AioApi(ClientSpec(kubeconfig=simapi.write_kubeconfig(str(tmp_path / "bad"), token="wrong")))
     try:
         with pytest.raises(Unauthorized):
             bad.request("GET", "/api/v1/nodes", verb="list", resource="nodes")
@@ -69,40 +54,40 @@ def test_wrong_token_is_unauthorized(server, tmp_path):
         bad.close()
 
 
-def test_refused_connection_is_unreachable_and_a_slow_answer_a_timeout(server, tmp_path):
+def test_refused_connection_is_unreachable_and_a_slow_answer_a_timeout(simapi, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    good = server.write_kubeconfig(str(tmp_path / "kc"))
+    good = simapi.write_kubeconfig(str(tmp_path / "kc"))
     path = tmp_path / "refused"
-    path.write_text(open(good).read().replace(server.url, f"http://127.0.0.1:{port}"))
+    path.write_text(open(good).read().replace(simapi.url, f"http://127.0.0.1:{port}"))
     refused = AioApi(ClientSpec(kubeconfig=str(path)))
     try:
         with pytest.raises(Unreachable):
             refused.request("GET", "/version", verb="get", resource="version")
     finally:
         refused.close()
-    slow = AioApi(ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc2")), request_timeout_s=0.3))
-    real = server.sim.bind_many
-    server.sim.bind_many = lambda b: (time.sleep(1.0), real(b))[1]
+    slow = AioApi(ClientSpec(kubeconfig=simapi.write_kubeconfig(str(tmp_path / "kc2")), request_timeout_s=0.3))
+    real = simapi.sim.bind_many
+    simapi.sim.bind_many = lambda b: (time.sleep(1.0), real(b))[1]
     try:
         p = pod("slow", cpu="100m")
         p["metadata"].pop("uid")
-        p = server.sim.create_pod(p)
+        p = simapi.sim.create_pod(p)
         with pytest.raises(Timeout):
             slow.request("POST", "/api/v1/namespaces/default/pods/slow/binding", verb="create", resource="pods/binding",
                          body={"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "slow", "uid": p["metadata"]["uid"]},
                                "target": {"kind": "Node", "name": "n0"}})
     finally:
-        server.sim.bind_many = real
+        simapi.sim.bind_many = real
         slow.close()
 
 
-def test_a_refreshed_token_is_used_on_the_next_request(server, spec, monkeypatch):
+def test_a_refreshed_token_is_used_on_the_next_request(simapi, simapi_spec, monkeypatch):
     """An exec/OIDC kubeconfig refreshes its token through the blocking loader's hook; the asyncio
     connection picks the new token up (at most a second later, `_at_most_every`)."""
     real = ClientSpec.configuration
-    current = {"token": server.token}
+    current = {"token": simapi.token}
 
     def with_hook(self):
         cfg = real(self)
@@ -113,10 +98,10 @@ def test_a_refreshed_token_is_used_on_the_next_request(server, spec, monkeypatch
         return cfg
 
     monkeypatch.setattr(ClientSpec, "configuration", with_hook)
-    a = AioApi(spec)
+    a = AioApi(simapi_spec)
     try:
         assert a.request("GET", "/api/v1/nodes", verb="list", resource="nodes")["items"]
-        server.token = current["token"] = "rotated-" + uuid.uuid4().hex
+        simapi.token = current["token"] = "rotated-" + uuid.uuid4().hex
         deadline = time.monotonic() + 5
         while True:
             try:
@@ -141,16 +126,16 @@ def test_rate_limit_applies_to_each_view(api):
     assert limited.loop is api.loop
 
 
-def test_many_binds_with_few_slots_all_land_once(server, spec):
+def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
     pods = []
     for i in range(120):
         p = pod(f"p{i}", cpu="1m")
         p["metadata"].pop("uid")
         p["spec"]["schedulerName"] = SCHED
-        pods.append(server.sim.create_pod(p))
-    kc = KubeCluster(spec, [SCHED], bind_workers=3, emit_scheduled=False)
+        pods.append(simapi.sim.create_pod(p))
+    kc = KubeCluster(simapi_spec, [SCHED], bind_workers=3, emit_scheduled=False)
     in_flight, peak, lock = [0], [0], threading.Lock()
-    real = server.sim.bind_many
+    real = simapi.sim.bind_many
 
     def counting(bindings):
         with lock:
@@ -163,7 +148,7 @@ def test_many_binds_with_few_slots_all_land_once(server, spec):
             with lock:
                 in_flight[0] -= 1
 
-    server.sim.bind_many = counting
+    simapi.sim.bind_many = counting
     try:
         results = kc.bind_many([("default", p["metadata"]["name"], f"n{i % 2}", p["metadata"]["uid"])
                                 for i, p in enumerate(pods)])
@@ -173,5 +158,5 @@ def test_many_binds_with_few_slots_all_land_once(server, spec):
         again = kc.bind_many([("default", "p0", "n1", pods[0]["metadata"]["uid"])])
         assert again[0].code == 409  # already bound: the API server's answer passes through
     finally:
-        server.sim.bind_many = real
+        simapi.sim.bind_many = real
         kc.stop()

@@ -5,7 +5,6 @@ library ``http.server``) that answers 401, 403, 429, 500, 504, garbage, dropped 
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
@@ -16,22 +15,19 @@ from shardsched.kube.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
 from shardsched.sim.errors import ServerError
 
-from builders import node, pod
+from builders import pod
 
 SCHED = "shardsched-test"
 
 
 @pytest.fixture
-def server():
-    sim = SimCluster()
-    sim.create_nodes([node("n0"), node("n1")])
-    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex, bookmark_s=0.2) as srv:
-        yield srv
+def server(simapi):
+    return simapi
 
 
 @pytest.fixture
-def spec(server, tmp_path):
-    return ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")), qps=0, request_timeout_s=5)
+def spec(simapi_spec):
+    return simapi_spec
 
 
 @pytest.fixture
