@@ -111,6 +111,19 @@ def test_watch_survives_garbage_errors_and_cuts_without_losing_events(server, cl
     assert all(w["lists"] == 1 for w in watches.values()), "no relist was needed"
 
 
+def test_a_watch_event_with_an_escaped_lone_surrogate_is_read(server, cluster):
+    """Valid JSON that orjson refuses (an escaped lone surrogate in a string) is read with the
+    standard library instead of being taken for garbage."""
+    _, rv = cluster.list_pods()
+    p = pod("odd", cpu="100m")
+    p["metadata"].pop("uid")
+    p["metadata"]["annotations"] = {"note": "\ud800"}
+    p["spec"]["schedulerName"] = SCHED
+    server.sim.create_pod(p)
+    wait_for(lambda: [e for e in cluster.events_since(rv)[0] if e.object["metadata"]["name"] == "odd"])
+    assert all(w["garbage"] == 0 for w in cluster.health()["watches"].values())
+
+
 def test_a_transient_403_on_a_watch_is_reported_then_cleared(server, cluster):
     """A real kube-apiserver answers 403 for a moment after it restarts (its RBAC caches are not
     filled yet): health reports the permanent error while it lasts and stops once a watch opens."""

@@ -290,6 +290,7 @@ def check_bench_report(report: dict, pods: int) -> None:
     assert report["pods_per_s"] > 0 and report["api_binds_per_s"] > 0
     assert report["ratio"] == pytest.approx(report["pods_per_s"] / report["api_binds_per_s"], rel=0.01)
     assert 0 <= report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+    assert set(report["api_server_bind_ms"]) == {"baseline", "shardsched"}
 
 
 def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, redis_server):
@@ -299,6 +300,7 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     create(api_server.sim, "a-real-pending-pod")  # of the profile the bench is run for
     report = run_bench(kubeconfig, redis_server.url, 150, 4)
     check_bench_report(report, 150)
+    assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
     # the bench serves a scheduler name of its own: the cluster's pending pods are left alone
@@ -356,3 +358,5 @@ def test_envtest_serve_bench(plane, redis_server):
     """`serve --bench` against the real API server (as its admin: the bench creates nodes)."""
     report = run_bench(plane.kubeconfig("admin"), redis_server.url, 200, 4)
     check_bench_report(report, 200)
+    # the real API server's own time per bind, read from its /metrics in both phases
+    assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0

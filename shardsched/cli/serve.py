@@ -391,6 +391,10 @@ def _bench_report(bench, report, started_at: float, kw: dict) -> int:
                    f"{data['pods_per_s']:.1f} pods/s; pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
         click.echo(f"API server: {data['api_binds']} binds from one client in {data['api_bind_wall_s']:.2f} s = "
                    f"{data['api_binds_per_s']:.1f} binds/s")
+        server = data["api_server_bind_ms"]
+        if server["baseline"] is not None and server["shardsched"] is not None:
+            click.echo(f"API server's own time per bind (apiserver_request_duration_seconds): {server['baseline']:.1f} ms "
+                       f"during the baseline, {server['shardsched']:.1f} ms while shardsched ran")
         verdict = ("target met: the API server is the limit" if data["ratio"] >= 0.9 else
                    "below the 0.9 target: shardsched, or the machine they share, is the limit")
         click.echo(f"ratio shardsched / API server: {data['ratio']:.2f} ({verdict})")

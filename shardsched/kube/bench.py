@@ -18,7 +18,10 @@ Two measurements in the namespace given, from this process and one helper proces
    while shardsched was running), P50/P99.
 
 The report puts both rates side by side (``ratio`` = shardsched / API server; the issue's target is
->= 0.9, i.e. shardsched is never the limit).
+>= 0.9, i.e. shardsched is never the limit), and, when the API server's ``/metrics`` can be read,
+its own mean time per bind in each phase: a bind that takes the server much longer during
+shardsched's window than during the baseline means the server (or the machine it shares) was
+the busier side.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
@@ -68,6 +72,10 @@ class BenchReport:
     api_bind_wall_s: float = 0.0
     api_binds_per_s: float = 0.0
     ratio: float = 0.0
+    #: the API server's own mean time per ``pods/binding`` request (ms) during the baseline and
+    #: during shardsched's window, from its ``apiserver_request_duration_seconds`` (all clients'
+    #: binds in that window); None when its /metrics cannot be read
+    api_server_bind_ms: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None})
     errors: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -165,6 +173,49 @@ def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, prefix: str,
         pass
 
 
+def binding_duration(api: Api) -> tuple[float, float] | None:
+    """(sum of seconds, count) of the API server's ``apiserver_request_duration_seconds`` for
+    ``pods/binding`` requests so far, from its ``/metrics`` (Prometheus text); None when it cannot
+    be read (RBAC: ``get`` on the non-resource URL ``/metrics``; a server that does not serve it)."""
+    try:
+        resp = api.send("GET", "/metrics", None, None, None, None, "get", "/metrics")
+        try:
+            status, text = resp.status, resp.read().decode("utf-8", "replace")
+        finally:
+            resp.response.release_conn()
+    except Exception as e:  # noqa: BLE001 - optional figure
+        log.debug("API server /metrics: %s", e)
+        return None
+    if status != 200:
+        return None
+    total = count = 0.0
+    found = False  # the family is served (no binds yet is (0, 0))
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as e:  # not Prometheus text
+        log.debug("API server /metrics: %s", e)
+        return None
+    for family in families:
+        if family.name != "apiserver_request_duration_seconds":
+            continue
+        found = True
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get("resource") != "pods" or labels.get("subresource") != "binding":
+                continue
+            if sample.name.endswith("_sum"):
+                total += sample.value
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return (total, count) if found else None
+
+
+def _mean_ms(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * 1000, 2)
+
+
 class Bench:
     """Runs the two measurements (module docstring).
 
@@ -221,9 +272,11 @@ class Bench:
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
                  for i, p in enumerate(created)]
+        before = binding_duration(self.api)
         t0 = time.perf_counter()
         results = binder.bind_many(items)
         report.api_bind_wall_s = time.perf_counter() - t0
+        report.api_server_bind_ms["baseline"] = _mean_ms(before, binding_duration(self.api))
         report.api_binds = sum(1 for r in results if r.code == 201)
         report.api_binds_per_s = report.api_binds / report.api_bind_wall_s if report.api_bind_wall_s else 0.0
         bad = [r for r in results if r.code != 201]
@@ -261,6 +314,7 @@ class Bench:
                                "its error is above") from None
         if msg != "ready":
             raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
+        self._durations_before = binding_duration(self.api)
         return report
 
     def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
@@ -283,6 +337,8 @@ class Bench:
         self._observer.join(10)
         if self._observer.is_alive():
             self._observer.kill()
+        report.api_server_bind_ms["shardsched"] = _mean_ms(getattr(self, "_durations_before", None),
+                                                           binding_duration(self.api))
         report.bound = len(bound_at)
         if bound_at:
             started_at = min(started_at, min(bound_at.values()))

@@ -54,6 +54,18 @@ BOUND_WATCH = "pods-bound"
 _CHANGES = (ADDED, MODIFIED, DELETED)
 
 
+def _loads(line: bytes):
+    """One watch line as JSON: orjson (about 2.5x faster than the standard library on a pod with
+    managedFields), and the standard library when orjson refuses
+    (it rejects escaped lone surrogates, which are valid JSON). Raises ValueError when neither
+    reads it (invalid UTF-8, not JSON)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        log.debug("orjson refused a watch line (%s); reading it with json", e)
+        return json.loads(line)
+
+
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
@@ -363,7 +375,7 @@ class Reflector:
                 return 0
             for line in iter_lines(resp):
                 try:
-                    event = orjson.loads(line)  # ~4x faster than json on a pod with managedFields
+                    event = _loads(line)
                     type_, obj = event["type"], event["object"]
                     if not isinstance(obj, dict):
                         raise TypeError("object is not a mapping")
