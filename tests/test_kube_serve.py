@@ -138,6 +138,23 @@ def test_serve_binds_and_serves_health_and_metrics(api_server, kubeconfig, redis
     assert s.stop() == 0
 
 
+def test_sigterm_while_binds_wait_on_the_rate_limit_exits_promptly(api_server, kubeconfig, redis_server, processes):
+    """Binding cycles still out when SIGTERM comes (here held back by a low --kube-api-qps) are cut
+    short: the process exits 0 within seconds instead of waiting on them forever."""
+    names = [f"q{i:03d}" for i in range(300)]
+    create(api_server.sim, *names)
+    s = Serve(kubeconfig, redis_server.url, "--no-leader-elect", "--kube-api-qps", "20", "--kube-api-burst", "5")
+    processes.append(s)
+    wait_for(lambda: sum(1 for n in names if api_server.sim.get_pod("default", n)["spec"].get("nodeName")) >= 10,
+             what="the first binds")
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=40) == 0, s.output()[-3000:]
+    assert time.monotonic() - t0 < 25
+    assert sum(1 for n in names if api_server.sim.get_pod("default", n)["spec"].get("nodeName")) < len(names)
+    assert api_server.sim.invariants()["double_binds"] == 0
+
+
 def test_rbac_denied_waits_with_a_clear_reason_then_recovers(api_server, kubeconfig, redis_server, processes):
     api_server.deny("create", "pods/binding")
     create(api_server.sim, "x")
@@ -297,9 +314,23 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     """The benchmark mode: nodes made Ready for a kubelet-less API server, the API server's own
     binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind."""
     before = len(api_server.sim.list_nodes()[0])
+    assert before > 0  # the cluster's own nodes, which the bench must not use
     create(api_server.sim, "a-real-pending-pod")  # of the profile the bench is run for
-    report = run_bench(kubeconfig, redis_server.url, 150, 4)
+    targets: list[str] = []
+    real_bind = api_server.sim.bind_many
+
+    def recording(bindings):
+        targets.extend(b[2] for b in bindings)
+        return real_bind(bindings)
+
+    api_server.sim.bind_many = recording
+    try:
+        report = run_bench(kubeconfig, redis_server.url, 150, 4)
+    finally:
+        api_server.sim.bind_many = real_bind
     check_bench_report(report, 150)
+    # baseline and measured pods went onto the bench's own nodes only
+    assert len(targets) >= 300 and all(t.startswith("shardsched-bench-node-") for t in targets)
     assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]

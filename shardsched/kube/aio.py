@@ -28,9 +28,11 @@ the answer is read is `Unreachable`, as the blocking client reports it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import ssl
 import threading
+import time
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
 import aiohttp
@@ -111,9 +113,9 @@ class AioApi:
         self.host = cfg.host
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._shared = {"closed": False}  # shared with the views of `with_bucket`
         self._thread.start()
         self.client: aio_k8s.ApiClient = self.run(self._make_client(cfg))
-        self._closed = False
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -132,8 +134,27 @@ class AioApi:
         return view
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from any thread but the loop's)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        """Run ``coro`` on the loop and wait for its result (from any thread but the loop's).
+
+        Raises: `Unreachable` once the connection is closed (also for a call that was waiting when
+        `close` cancelled it), and whatever ``coro`` raises."""
+        if self._shared["closed"]:
+            coro.close()
+            raise Unreachable(f"API server {self.host}: the connection is closed (shardsched is stopping)")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            try:
+                return future.result(wait)
+            except concurrent.futures.CancelledError:
+                raise Unreachable(f"API server {self.host}: request cancelled (shardsched is stopping)") from None
+            except concurrent.futures.TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                if self._shared["closed"] and not self.loop.is_running():  # never to be answered
+                    future.cancel()
+                    raise Unreachable(f"API server {self.host}: the connection is closed (shardsched is stopping)") from None
 
     async def send(self, method: str, path: str, *, verb: str, resource: str,
                    query: Sequence[tuple[str, str]] | None = None, body: Any = None, content_type: str | None = None,
@@ -185,13 +206,23 @@ class AioApi:
         return self.run(self.arequest(method, path, verb=verb, resource=resource, query=query, body=body,
                                       content_type=content_type, timeout_s=timeout_s))
 
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:  # requests still in flight: their callers get `Unreachable`
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.client.close()
+
     def close(self) -> None:
-        """Close the connections and stop the loop (idempotent; views share it)."""
-        if self._closed or not self._thread.is_alive():
+        """Cancel the requests in flight, close the connections and stop the loop (idempotent;
+        views share it). Later calls raise `Unreachable`."""
+        if self._shared["closed"]:
             return
-        self._closed = True
+        self._shared["closed"] = True  # from now on `run` refuses new calls
+        if not self._thread.is_alive():
+            return
         try:
-            self.run(self.client.close(), timeout_s=5)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(5)
         except Exception as e:  # noqa: BLE001 - closing is best effort
             log.debug("closing the aio client: %s", e)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -51,6 +51,8 @@ UNSERVED = "shardsched-bench-unserved"
 #: taint of the nodes the bench creates (NoSchedule; the bench's pods tolerate it), so that no
 #: other scheduler puts real pods on nodes that have no kubelet and are deleted at the end
 BENCH_TAINT = {"key": "shardsched.io/bench", "value": "true", "effect": "NoSchedule"}
+#: label of the nodes the bench creates; the bench's pods then select them (nodeSelector)
+BENCH_LABEL = "shardsched.io/bench"
 
 
 def bench_scheduler_name() -> str:
@@ -82,14 +84,17 @@ class BenchReport:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _pod(name: str, namespace: str, scheduler_name: str) -> dict:
+def _pod(name: str, namespace: str, scheduler_name: str, bench_nodes_only: bool = False) -> dict:
+    spec = {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
+            "tolerations": [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                            "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}
+    if bench_nodes_only:  # only onto the nodes the bench made, never the cluster's own
+        spec["nodeSelector"] = {BENCH_LABEL: "true"}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": "shardsched-bench"},
                          "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
-            "spec": {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
-                     "tolerations": [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
-                     "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
-                                     "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}
+            "spec": spec}
 
 
 def register_node(api, node: dict, exist_ok: bool = False) -> None:
@@ -112,8 +117,11 @@ def register_node(api, node: dict, exist_ok: bool = False) -> None:
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "no kubelet: marked Ready by shardsched"}
     api.request("PATCH", f"/api/v1/nodes/{name}/status", verb="patch", resource="nodes/status",
                 body={"status": {"conditions": [ready]}}, content_type=MERGE_PATCH)
-    api.request("PATCH", f"/api/v1/nodes/{name}", verb="patch", resource="nodes",
-                body={"spec": {"taints": (node.get("spec") or {}).get("taints")}}, content_type=MERGE_PATCH)
+    patch: dict = {"spec": {"taints": (node.get("spec") or {}).get("taints")}}
+    if node["metadata"].get("labels"):  # also on a node left by an interrupted run
+        patch["metadata"] = {"labels": node["metadata"]["labels"]}
+    api.request("PATCH", f"/api/v1/nodes/{name}", verb="patch", resource="nodes", body=patch,
+                content_type=MERGE_PATCH)
 
 
 def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, prefix: str, count: int, conn) -> None:
@@ -235,6 +243,7 @@ class Bench:
         client = spec.api_client(pool_size=workers + 4)
         self.api = Api(client, None, (spec.connect_timeout_s, spec.request_timeout_s))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="bench")
+        self._bench_nodes_only = False  # set when the bench makes its own nodes
 
     def _create(self, pods: list[dict]) -> list[dict]:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
@@ -256,10 +265,12 @@ class Bench:
     def create_nodes(self, count: int) -> list[str]:
         """Create ``count`` nodes with room for many pods (for clusters without kubelets, e.g. a bare
         API server); returns their names."""
+        self._bench_nodes_only = True
         names = [f"shardsched-bench-node-{i:04d}" for i in range(count)]
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
         for name in names:
-            register_node(self.api, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            register_node(self.api, {"apiVersion": "v1", "kind": "Node",
+                                     "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
                                      "spec": {"taints": [dict(BENCH_TAINT)]},
                                      "status": {"capacity": alloc, "allocatable": alloc}}, exist_ok=True)
         return names
@@ -267,7 +278,7 @@ class Bench:
     def api_baseline(self, n: int, nodes: list[str], report: BenchReport) -> None:
         """Measurement 1 (module docstring)."""
         names = [f"bench-api-{self.run_id}-{i:06d}" for i in range(n)]
-        created = self._create([_pod(name, self.namespace, UNSERVED) for name in names])
+        created = self._create([_pod(name, self.namespace, UNSERVED, self._bench_nodes_only) for name in names])
         binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
@@ -289,15 +300,18 @@ class Bench:
         baseline, then the backlog of ``n`` pending pods and the watch that times their binds."""
         report = BenchReport(pods=n)
         if create_nodes:
-            self._made_nodes = self.create_nodes(create_nodes)
-        nodes = self.nodes()
+            # the bench's pods go onto its own nodes only: the baseline binds round-robin over
+            # them, and the measured pods select them
+            self._made_nodes = nodes = self.create_nodes(create_nodes)
+        else:
+            nodes = self.nodes()
         if not nodes:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
         self.api_baseline(n, nodes, report)
         prefix = f"bench-{self.run_id}-"
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
-        self._create([_pod(name, self.namespace, self.scheduler_name) for name in self._names])
+        self._create([_pod(name, self.namespace, self.scheduler_name, self._bench_nodes_only) for name in self._names])
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._observer = ctx.Process(target=_observe, name="shardsched-bench-observer", daemon=True,
@@ -310,8 +324,8 @@ class Bench:
             msg, arg = self._conn.recv()
         except EOFError:
             self._observer.join(5)
-            raise RuntimeError(f"the bench's observer died (exit code {self._observer.exitcode}); "
-                               "its error is above") from None
+            raise RuntimeError(f"the bench's observer died before it listed the pods (exit code "
+                               f"{self._observer.exitcode}; a Python error, if any, is printed above)") from None
         if msg != "ready":
             raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
         self._durations_before = binding_duration(self.api)
@@ -324,6 +338,7 @@ class Bench:
         n = len(self._names)
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
+        unknown = ""
         try:
             self._conn.send(("go", timeout_s))
             if self._conn.poll(timeout_s + 30):
@@ -331,9 +346,12 @@ class Bench:
                 if msg == "done":
                     bound_at, created_at = arg
             else:
-                report.errors.append("the bench's observer did not answer")
-        except (EOFError, OSError) as e:
-            report.errors.append(f"the bench's observer died: {type(e).__name__}")
+                unknown = "the bench's observer did not answer"
+        except (EOFError, OSError):
+            self._observer.join(5)
+            unknown = f"the bench's observer died (exit code {self._observer.exitcode})"
+        if unknown:
+            report.errors.append(f"{unknown}: shardsched's figures are unknown (not measured), not zero")
         self._observer.join(10)
         if self._observer.is_alive():
             self._observer.kill()
@@ -347,7 +365,7 @@ class Bench:
             lat = np.array([bound_at[k] - max(created_at.get(k, started_at), started_at) for k in bound_at]) * 1000
             report.latency_ms = {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
                                  "avg": float(lat.mean())}
-        if report.bound < n:
+        if report.bound < n and not unknown:
             report.errors.append(f"only {report.bound}/{n} pods bound within {timeout_s:.0f} s")
         report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
         self.cleanup()

@@ -17,7 +17,9 @@ starts from the cluster's truth (list + watch), not from what a previous leader 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,11 +176,18 @@ class KubeRuntime:
                 self.coordinator.cluster.target.stop()
 
         if not ray.is_initialized():
+            # ray.init installs a SIGTERM handler that exits at once (status 15, no orderly stop);
+            # the caller's own handler (serve's: stop, release the Lease, exit 0) is kept
+            in_main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
             try:
                 ray.init(address=self.options.ray_address, include_dashboard=False, logging_level=logging.WARNING,
                          configure_logging=False)
             except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
                 raise ShardschedError(f"could not start or join Ray ({self.options.ray_address or 'local'}): {e}") from None
+            finally:
+                if in_main and sigterm not in (None, signal.SIG_DFL):
+                    signal.signal(signal.SIGTERM, sigterm)
         if self.coordinator is None:
             cluster = KubeCluster(self.spec, self.names, bind_share=1.0 / self.options.shards,
                                   watch_timeout_s=self.options.watch_timeout_s)
@@ -279,16 +288,22 @@ class KubeRuntime:
                     self.coordinator.stop()
                 for s in self.shards:
                     s.stop()
+                # binds in flight get 5 s in all; then closing the connection cancels the rest
+                # (their pods are requeued, reservations expire), so a stop never hangs on a slow
+                # or rate-limited API server
+                deadline = time.monotonic() + 5
                 for t in self._threads:
-                    t.join(timeout=5)
+                    t.join(timeout=max(0.0, deadline - time.monotonic()))
                 if isinstance(self.cluster, KubeCluster):
                     self.cluster.stop()
+                for t in self._threads:
+                    t.join(timeout=2)
             elif self.coordinator is not None:
                 import ray
 
                 try:
                     handles = ray.get(self.coordinator.shards.remote(), timeout=5)
-                    ray.get(self.coordinator.stop.remote(), timeout=15)
+                    ray.get(self.coordinator.stop.remote(), timeout=20)
                     ray.get(self.coordinator.stop_cluster.remote(), timeout=10)
                     for h in handles + [self.coordinator]:
                         ray.kill(h, no_restart=True)

@@ -75,7 +75,17 @@ class ShardHost:
 
     def ping(self): return self.shard.ping()
     def pid(self): return os.getpid()
-    def stop(self): self.shard.stop()
+    def stop(self):
+        """Stop the loop; once its binding cycles are applied (up to 5 s), write what the shard's
+        own backend still queues (the Kubernetes backend's Scheduled Events, up to 5 s more)."""
+        self.shard.stop()
+        self.shard.wait_idle(5.0)
+        stop_backend = getattr(self._own_backend, "stop", None)
+        if callable(stop_backend):
+            try:
+                stop_backend()
+            except Exception as e:  # noqa: BLE001 - stopping: best effort
+                log.warning("shard %s: stopping its backend: %s", self.shard.member, e)
     def drain(self, fraction=1.0): return self.shard.drain(fraction)
     def retire(self, timeout_s=30.0): return self.shard.retire(timeout_s)
 
@@ -158,11 +168,19 @@ class CoordinatorHost:
         return [s.remote.target for s in self.coordinator.shards]
 
     def stop(self) -> None:
+        """Stop the coordinator, then every shard at once (each applies its binding cycles and
+        writes its queued Events: up to ~10 s, `ShardHost.stop`)."""
         self.coordinator.stop()
+        refs = []
         for s in self.coordinator.shards:
             try:
-                ray.get(s.remote.target.stop.remote(), timeout=5)
+                refs.append(s.remote.target.stop.remote())
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
+                pass
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=12)
+            except Exception:  # noqa: BLE001 - stopping: a dead or slow shard is fine
                 pass
 
 

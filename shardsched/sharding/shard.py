@@ -269,6 +269,10 @@ class Shard:
     def stop(self) -> None:
         self._stop.set()
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until `run_forever` has returned (its binding cycles applied); False on timeout."""
+        return self._idle.wait(timeout_s)
+
     def drain(self, fraction: float = 1.0) -> list[QueuedPodInfo]:
         """Remove and return ``fraction`` (in [0, 1]) of the queued pods, for the coordinator to route
         them again when the shard count changes: all of them (a removed shard), or the share that
