@@ -791,3 +791,14 @@ def test_a_conflict_in_a_background_binding_cycle_is_handed_off(ledger):
     assert shard.table.node_of(uid) is None and lease_is_free(ledger, uid)
     assert shard.pending_keys() == []
     assert_no_pod_lost(cluster, [shard], rebalancer)
+
+
+def test_failed_binds_are_logged_at_most_once_per_period(ledger, caplog):
+    cluster = cluster_of(2, 6, node_cpu="4", faults=FaultConfig(bind_error_rate=1.0))
+    publish(ledger, cluster, A)
+    shard = new_shard(ledger, cluster, RecordingRebalancer())
+    with caplog.at_level("WARNING", logger="shardsched.sharding.shard"):
+        assert shard.step() == 6
+    lines = [r.getMessage() for r in caplog.records if "bind(s) failed" in r.getMessage()]
+    assert len(lines) == 1 and "1 bind(s) failed" in lines[0] and "500" in lines[0]
+    assert shard.stats.bind_errors == 6

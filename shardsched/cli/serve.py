@@ -368,9 +368,10 @@ def _bench_prepare(spec, scheduler_name: str, kw: dict):
         return bench, bench.prepare(kw["bench_pods"], kw["bench_nodes"])
     except Forbidden as e:
         bench.cleanup()
-        raise Forbidden(f"{e}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run it with "
-                        "a kubeconfig allowed to (a cluster admin's or a test cluster's), not shardsched's service "
-                        "account") from None
+        denied = str(e).split("; grant it")[0]  # the generic advice names shardsched's service account
+        raise Forbidden(f"{denied}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run it "
+                        "with a kubeconfig allowed to (a cluster admin's or a test cluster's), not shardsched's "
+                        "service account") from None
     except ShardschedError:
         bench.cleanup()
         raise

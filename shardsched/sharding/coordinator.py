@@ -571,7 +571,8 @@ class Coordinator:
             self.metrics.unschedulable_alerts.inc()
             self.counters["gave_up"] += 1
             self.cluster.call("record_event", ref, "Warning", "FailedScheduling",
-                              f"gave up after {t.rounds} scheduling attempts: {message}")
+                              f"still unschedulable after {t.rounds} scheduling attempts (the pod is kept and "
+                              f"retried on cluster events or after {self.config.pod_max_in_unschedulable_s:.0f} s): {message}")
 
     def _fail_pod(self, obj: dict, message: str) -> None:
         """A pod whose spec cannot be scheduled at all (it does not parse): FailedScheduling and

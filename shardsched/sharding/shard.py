@@ -167,6 +167,8 @@ class Shard:
         # binding cycles in the background, oldest first: (future of _binding_io, batch, started)
         self._binding: deque[tuple[Future, list, float]] = deque()
         self._bind_pool: ThreadPoolExecutor | None = None
+        self._bind_error_logged_at = float("-inf")
+        self._bind_errors_unlogged = 0
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
     def set_epoch(self, epoch: int) -> None:
@@ -584,6 +586,7 @@ class Shard:
                 self.metrics.schedule_attempts.labels(ERROR, pod.scheduler_name).inc()
                 msg = err if results is None else f"{results[i].code} {results[i].message}"
                 q.last_failure_reason = f"binding failed: {msg}"
+                self._log_bind_error(msg)
                 self.metrics.requeues.labels(BIND_FAILED).inc()
                 self.queue.requeue_backoff(q)
         if commits:
@@ -599,6 +602,16 @@ class Shard:
         self.stats.timeline.append((now, len(commits)))
 
     # ------------------------------------------------------------------ helpers
+    def _log_bind_error(self, msg: str) -> None:
+        """A WARNING for failed binds (5xx, no answer), at most one line per 10 s with the count."""
+        self._bind_errors_unlogged += 1
+        now = time.monotonic()
+        if now - self._bind_error_logged_at >= 10.0:
+            log.warning("shard %s: %d bind(s) failed since the last report (retried with backoff); last: %s",
+                        self.member, self._bind_errors_unlogged, msg[:300])
+            self._bind_error_logged_at = now
+            self._bind_errors_unlogged = 0
+
     def _forget(self, pod: PodInfo) -> None:
         """Undo this shard's assume of the pod (kube's ForgetPod). A pod the watch has confirmed
         bound meanwhile (a bind that answered 504 but was applied, or a 409 because someone else
