@@ -4,7 +4,9 @@ helper, and the mapping of HTTP failures onto shardsched's typed errors.
 Only this package imports ``kubernetes``. Requests go through the official client's `ApiClient`
 (its auth, TLS and connection pool) but bodies are read as raw JSON, so objects arrive as camelCase
 dicts exactly as the API server sent them (no model round trip; `to_dict` converts the few client
-models we do build, with ``ApiClient.sanitize_for_serialization``).
+models we do build, with ``ApiClient.sanitize_for_serialization``). The per-pod writes (binds,
+Events, conditions) use the client's asyncio variant instead (`shardsched.kube.aio`), with the
+same credentials and the same typed errors.
 
 Errors are decided by type (Kopf's rule), never by parsing messages:
 
