@@ -124,6 +124,16 @@ def test_a_watch_event_with_an_escaped_lone_surrogate_is_read(server, cluster):
     assert all(w["garbage"] == 0 for w in cluster.health()["watches"].values())
 
 
+def test_a_listed_pod_with_an_escaped_lone_surrogate_is_read(server, cluster):
+    """The same in a list (the informers' first list and every relist), not only on the watch."""
+    p = pod("odd-listed", cpu="100m")
+    p["metadata"].pop("uid")
+    p["metadata"]["annotations"] = {"note": "\ud800"}
+    p["spec"]["schedulerName"] = SCHED
+    server.sim.create_pod(p)
+    assert "odd-listed" in {x["metadata"]["name"] for x in cluster.list_pods()[0]}
+
+
 def test_a_transient_403_on_a_watch_is_reported_then_cleared(server, cluster):
     """A real kube-apiserver answers 403 for a moment after it restarts (its RBAC caches are not
     filled yet): health reports the permanent error while it lasts and stops once a watch opens."""

@@ -36,11 +36,10 @@ import time
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
 import aiohttp
-import orjson
 from kubernetes.aio import client as aio_k8s
 
 from shardsched.kube.client import JSON, TOKEN_REFRESH_S, ClientSpec, Garbage, TokenBucket, Unreachable, \
-    _at_most_every, classify
+    _at_most_every, classify, loads_json
 from shardsched.sim.errors import Timeout
 
 log = logging.getLogger(__name__)
@@ -194,7 +193,7 @@ class AioApi:
         if not 200 <= status <= 299:
             raise classify(status, data, verb, resource, headers)
         try:
-            return orjson.loads(data) if data else {}
+            return loads_json(data) if data else {}
         except ValueError:
             raise Garbage(f"{verb} {resource}: the API server answered {status} with a body that is not JSON: "
                           f"{data[:120]!r}") from None

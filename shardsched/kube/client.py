@@ -215,6 +215,18 @@ class TokenBucket:
         return wait
 
 
+def loads_json(data: bytes) -> Any:
+    """An API server body or watch line as JSON: orjson (about 2.5x faster than the standard
+    library on a pod with managedFields), and the standard library when orjson refuses (it rejects
+    escaped lone surrogates, which are valid JSON). Raises ValueError when neither reads it
+    (invalid UTF-8, not JSON)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        log.debug("orjson refused an answer (%s); reading it with json", e)
+        return json.loads(data)
+
+
 def _status_message(body: bytes | str | None) -> str:
     """The ``message`` of a ``metav1.Status`` body, or a short excerpt of whatever it was."""
     if not body:
@@ -325,7 +337,7 @@ class Api:
         if not 200 <= resp.status <= 299:
             raise classify(resp.status, data, verb, resource, resp.headers)
         try:
-            return orjson.loads(data) if data else {}
+            return loads_json(data) if data else {}
         except ValueError:
             raise Garbage(f"{verb} {resource}: the API server answered {resp.status} with a body that is not JSON: "
                           f"{data[:120]!r}") from None
