@@ -366,18 +366,16 @@ def _bench_prepare(spec, scheduler_name: str, kw: dict):
     bench = Bench(spec, scheduler_name, kw["bench_namespace"])
     try:
         return bench, bench.prepare(kw["bench_pods"], kw["bench_nodes"])
-    except Forbidden as e:
-        bench.cleanup()
-        denied = str(e).split("; grant it")[0]  # the generic advice names shardsched's service account
-        raise Forbidden(f"{denied}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run it "
-                        "with a kubeconfig allowed to (a cluster admin's or a test cluster's), not shardsched's "
-                        "service account") from None
-    except ShardschedError:
-        bench.cleanup()
+    except Exception as e:
+        bench.cleanup()  # whatever failed, nothing of the bench is left behind
+        if isinstance(e, Forbidden):
+            denied = str(e).split("; grant it")[0]  # the generic advice names shardsched's service account
+            raise Forbidden(f"{denied}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run "
+                            "it with a kubeconfig allowed to (a cluster admin's or a test cluster's), not "
+                            "shardsched's service account") from None
+        if isinstance(e, (RuntimeError, TimeoutError)):  # the bench's observer process failed
+            raise PermanentError(f"--bench: {e}") from None
         raise
-    except (RuntimeError, TimeoutError) as e:  # the bench's observer process failed
-        bench.cleanup()
-        raise PermanentError(f"--bench: {e}") from None
 
 
 def _bench_report(bench, report, started_at: float, kw: dict) -> int:
