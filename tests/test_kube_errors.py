@@ -249,3 +249,44 @@ def test_api_request_of_garbage_json_is_typed(server, spec):
     with pytest.raises(Garbage):
         api.request("GET", "/version", verb="get", resource="version")
     assert api.request("GET", "/version", verb="get", resource="version")["major"] == "1"
+
+
+def test_a_label_selected_watch_sees_only_the_labelled_pods(server, spec):
+    """`WatchSpec.label_selector` goes to the server (list and watch); the peer serves equality
+    and existence terms as kube does (``k!=v`` also matches pods without the label)."""
+    from shardsched.kube.informer import BOUND, POD, Reflector, Store, WatchSpec
+
+    def make(name: str, labels: dict) -> None:
+        p = pod(name, cpu="100m")
+        p["metadata"].pop("uid")
+        p["metadata"]["labels"] = labels
+        server.sim.create_pod(p)
+
+    make("listed-a", {"app": "a"})
+    make("listed-b", {"app": "b"})
+    path = "/api/v1/namespaces/default/pods"
+    specs = {"app=a": WatchSpec("app-a", POD, path, "", BOUND, label_selector="app=a"),
+             "app!=b,!skip": WatchSpec("not-b", POD, path, "", BOUND, label_selector="app!=b,!skip")}
+    api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
+    stores = {sel: Store([w]) for sel, w in specs.items()}
+    reflectors = [Reflector(api, stores[sel], w, watch_timeout_s=5) for sel, w in specs.items()]
+    for r in reflectors:
+        r.list()
+        r.start()
+    names = ["listed-a", "listed-b", "watched-a", "watched-b", "unlabelled", "skipped"]
+
+    def seen(sel: str) -> set[str]:
+        return {n for n in names if stores[sel].pod("default", n) is not None}
+
+    try:
+        make("watched-a", {"app": "a"})
+        make("watched-b", {"app": "b"})
+        make("unlabelled", {})
+        make("skipped", {"skip": "yes"})
+        wait_for(lambda: "watched-a" in seen("app=a") and "unlabelled" in seen("app!=b,!skip"))
+        time.sleep(0.3)  # an event sent wrongly would arrive by now too
+        assert seen("app=a") == {"listed-a", "watched-a"}
+        assert seen("app!=b,!skip") == {"listed-a", "watched-a", "unlabelled"}
+    finally:
+        for r in reflectors:
+            r.stop()

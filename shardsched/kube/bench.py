@@ -9,8 +9,9 @@ Two measurements in the namespace given, from this process and one helper proces
    accepts from one client. The pods are then deleted.
 2. **shardsched**, on a backlog (the field report's burst: thousands of pods pending at once): N
    pods for the scheduler's first profile are created *before* shardsched starts (so the creation
-   rate, itself limited by the API server, does not cap the measured rate); a watch of the namespace
-   sees each get ``spec.nodeName``. That watch runs in a process of its own (`_observe`), so that
+   rate, itself limited by the API server, does not cap the measured rate); a watch of the bench's
+   pods sees each get ``spec.nodeName``. It starts before the baseline, so its own cost to the API
+   server weighs on both measurements alike. That watch runs in a process of its own (`_observe`), so that
    the observer's decoding does not take the scheduler's CPU (in ``--mode threads`` shardsched is one
    Python process, and the watch cost about a tenth of its time). Pods/s = bound / (last bound seen - shardsched started, i.e.
    its start returned, Ray and the informers' first lists done, or the first bind seen if earlier);
@@ -53,6 +54,8 @@ UNSERVED = "shardsched-bench-unserved"
 BENCH_TAINT = {"key": "shardsched.io/bench", "value": "true", "effect": "NoSchedule"}
 #: label of the nodes the bench creates; the bench's pods then select them (nodeSelector)
 BENCH_LABEL = "shardsched.io/bench"
+#: ``app`` label of every bench pod (the observer's watch selects it; cleanup after a SIGKILL too)
+BENCH_APP = "shardsched-bench"
 
 
 def bench_scheduler_name() -> str:
@@ -92,7 +95,7 @@ def _pod(name: str, namespace: str, scheduler_name: str, bench_nodes_only: bool 
     if bench_nodes_only:  # only onto the nodes the bench made, never the cluster's own
         spec["nodeSelector"] = {BENCH_LABEL: "true"}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": {"app": "shardsched-bench"},
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": BENCH_APP},
                          "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
             "spec": spec}
 
@@ -124,15 +127,16 @@ def register_node(api, node: dict, exist_ok: bool = False) -> None:
                 content_type=MERGE_PATCH)
 
 
-def _observe(spec: ClientSpec, namespace: str, scheduler_name: str, prefix: str, count: int, conn) -> None:
+def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) -> None:
     """The bench's observer (a child process, talking over the pipe ``conn``): list then watch the
-    namespace's pods of ``scheduler_name``; send ``("ready", None)`` once listed; then, once every
-    pod of ``names`` is bound, the deadline of the ``("go", timeout_s)`` message passes or
-    ``("stop", None)`` arrives, send ``("done", (bound_at, created_at))``: name -> bind seen and
-    name -> created (Unix s, from the bench annotation). The pods counted are the ``count`` ones
-    named ``prefix`` + 6 digits. Returns when the parent is gone."""
-    spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods",
-                       f"spec.schedulerName={scheduler_name}", BOUND)
+    namespace's bench pods (label ``app=shardsched-bench``: the baseline's and the backlog's, so
+    that its watch loads the API server alike in both phases); send ``("ready", None)`` once
+    listed; then, once every pod of ``names`` is bound, the deadline of the ``("go", timeout_s)``
+    message passes or ``("stop", None)`` arrives, send ``("done", (bound_at, created_at))``: name
+    -> bind seen and name -> created (Unix s, from the bench annotation). The pods counted are the
+    ``count`` ones named ``prefix`` + 6 digits. Returns when the parent is gone."""
+    spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods", "", BOUND,
+                       label_selector=f"app={BENCH_APP}")
     api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
     store = Store([spec_w])
     reflector = Reflector(api, store, spec_w, watch_timeout_s=60)
@@ -308,14 +312,24 @@ class Bench:
         if not nodes:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
-        self.api_baseline(n, nodes, report)
+        # the observer watches from before the baseline: its watch then costs the API server the
+        # same in both phases (one event per pod created, bound, deleted)
         prefix = f"bench-{self.run_id}-"
+        self._start_observer(prefix, n)
+        self.api_baseline(n, nodes, report)
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name, self._bench_nodes_only) for name in self._names])
+        self._durations_before = binding_duration(self.api)
+        return report
+
+    def _start_observer(self, prefix: str, n: int) -> None:
+        """Start the observer process (`_observe`) and wait until it has listed the pods.
+
+        Raises: TimeoutError after 120 s; RuntimeError when it died or could not list."""
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._observer = ctx.Process(target=_observe, name="shardsched-bench-observer", daemon=True,
-                                     args=(self.spec, self.namespace, self.scheduler_name, prefix, n, child))
+                                     args=(self.spec, self.namespace, prefix, n, child))
         self._observer.start()
         child.close()  # the child's end: a dead child then reads as EOF here
         try:
@@ -328,8 +342,6 @@ class Bench:
                                f"{self._observer.exitcode}; a Python error, if any, is printed above)") from None
         if msg != "ready":
             raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
-        self._durations_before = binding_duration(self.api)
-        return report
 
     def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
         """After shardsched started (``started_at``, Unix s, when its start returned; the window

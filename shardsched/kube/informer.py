@@ -56,13 +56,15 @@ _CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector`` and ``role`` (NODES, BOUND or UNBOUND)."""
+    ``field_selector``, ``role`` (NODES, BOUND or UNBOUND) and an optional server-side
+    ``label_selector``."""
 
     name: str
     kind: str
     path: str
     field_selector: str
     role: str
+    label_selector: str = ""
 
     @property
     def resource(self) -> str:
@@ -292,7 +294,8 @@ class Reflector:
         self._thread: threading.Thread | None = None
 
     def _query(self) -> list[tuple[str, str]]:
-        return [("fieldSelector", self.spec.field_selector)] if self.spec.field_selector else []
+        query = [("fieldSelector", self.spec.field_selector)] if self.spec.field_selector else []
+        return query + [("labelSelector", self.spec.label_selector)] if self.spec.label_selector else query
 
     def list(self) -> str:
         """List everything (paged) into the store; returns the list's resourceVersion.

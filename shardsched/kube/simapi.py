@@ -9,8 +9,8 @@ Served (JSON only):
 
 - ``GET /version``; ``GET /apis/events.k8s.io/v1`` (discovery; 404 with ``events_api=False``);
 - nodes and pods: list (``fieldSelector`` on ``spec.nodeName``, ``spec.schedulerName``,
-  ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``; ``limit`` and
-  ``continue`` paging) and watch (``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``;
+  ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``;
+  ``labelSelector`` with equality and existence terms; ``limit`` and ``continue`` paging) and watch (``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``;
   an object that stops matching the selector is sent as DELETED with its previous state, as kube's
   cacher does; a resourceVersion older than `SimApiServer.compact` answers an ERROR event with
   code 410); get, create and delete of pods;
@@ -61,14 +61,25 @@ def status_body(code: int, reason: str, message: str) -> dict:
 
 
 class Selector:
-    """A field selector: ``a=b,c!=d`` over dotted paths of the object."""
+    """A field selector ``a=b,c!=d`` over dotted paths of the object, and optionally an
+    equality-based label selector (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``; set-based terms
+    such as ``k in (a,b)`` are not served)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, labels: str = "") -> None:
         self.terms: list[tuple[str, bool, str]] = []
         for part in filter(None, (text or "").split(",")):
             neg = "!=" in part
             key, value = re.split(r"!=|==|=", part, maxsplit=1)
             self.terms.append((key.strip(), neg, value.strip()))
+        #: (label key, negated, value or None for an existence test)
+        self.label_terms: list[tuple[str, bool, str | None]] = []
+        for part in filter(None, (p.strip() for p in (labels or "").split(","))):
+            if "=" in part:
+                neg = "!=" in part
+                key, value = re.split(r"!=|==|=", part, maxsplit=1)
+                self.label_terms.append((key.strip(), neg, value.strip()))
+            else:
+                self.label_terms.append((part.lstrip("!").strip(), part.startswith("!"), None))
 
     def matches(self, obj: dict) -> bool:
         for key, neg, value in self.terms:
@@ -76,6 +87,11 @@ class Selector:
             for p in key.split("."):
                 cur = cur.get(p) if isinstance(cur, dict) else None
             if ((cur or "") == value) == neg:
+                return False
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        for key, neg, value in self.label_terms:
+            hit = key in labels if value is None else labels.get(key) == value
+            if hit == neg:
                 return False
         return True
 
@@ -412,7 +428,7 @@ class SimApiServer:
         h.reply(result.code, status_body(result.code, result.reason, result.message))
 
     def _list_or_watch(self, h: _Handler, kind: str, q: dict, ns: str | None = None) -> None:
-        sel = Selector(q.get("fieldSelector", ""))
+        sel = Selector(q.get("fieldSelector", ""), q.get("labelSelector", ""))
         in_ns = (lambda o: o["metadata"].get("namespace") == ns) if ns else (lambda o: True)
         if q.get("watch") in ("true", "1"):
             return self._watch(h, kind, sel, in_ns, q)
