@@ -161,6 +161,37 @@ def test_watch_410_relists_and_reports_the_difference(server, cluster):
     lists = cluster.health()["watches"][f"pods-unbound:{SCHED}"]["lists"]
     assert lists == 2
     assert p["metadata"]["uid"] not in {x["metadata"]["uid"] for x in cluster.list_pods()[0]}
+    # as client-go: the first list from the watch cache (resourceVersion=0), the relist after 410
+    # a consistent read (no resourceVersion)
+    unbound_lists = [q for m, path, q in server.queries
+                     if path == "/api/v1/pods" and "watch" not in q and q.get("fieldSelector", "").endswith(SCHED)]
+    assert [q.get("resourceVersion") for q in unbound_lists] == ["0", None]
+
+
+def test_the_first_list_comes_whole_from_the_watch_cache_and_a_consistent_relist_is_paged(server, spec):
+    """A large collection: the first list (resourceVersion=0) is one answer; after 410 Gone the
+    relist pages through ``limit``/``continue`` without a resourceVersion and sees the same pods."""
+    from shardsched.kube.informer import Reflector, Store, watch_specs
+
+    for i in range(7):
+        pending(server.sim, f"many-{i}")
+    specs = {s.name: s for s in watch_specs([SCHED])}
+    unbound = specs[f"pods-unbound:{SCHED}"]
+    api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
+    store = Store(specs.values())
+    r = Reflector(api, store, unbound, watch_timeout_s=5, page_size=3)
+    first = len(server.queries)
+    r.list()
+    assert [q for _, path, q in server.queries[first:] if path == "/api/v1/pods"] == [
+        {"fieldSelector": unbound.field_selector, "limit": "3", "resourceVersion": "0"}]
+    r.consistent_list = True  # as after a 410 Gone
+    first = len(server.queries)
+    r.list()
+    pages = [q for _, path, q in server.queries[first:] if path == "/api/v1/pods"]
+    assert len(pages) == 3 and all("resourceVersion" not in q for q in pages)
+    assert [q.get("continue") for q in pages] == [None, "3", "6"]
+    assert len(store.list_pods()[0]) == 7
+    assert not r.consistent_list, "the list after that one is from the cache again"
 
 
 @pytest.mark.parametrize("status,action,code", [

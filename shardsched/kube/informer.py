@@ -23,6 +23,9 @@ watch says ADDED, in either order between the two streams. The store merges them
 
 So a pod bound by anyone is counted exactly once, and never resurrected as pending.
 
+The first list is served from the API server's watch cache (``resourceVersion=0``), a relist after
+410 Gone is a consistent read, as client-go's Reflector does (`Reflector`).
+
 A relist (after 410 Gone) diffs the new list against what the watch had (client-go's Replace):
 ADDED/MODIFIED for new or changed objects, DELETED for the ones that disappeared, so consumers of
 `Store.since` never need to relist themselves.
@@ -277,6 +280,14 @@ class Reflector:
             client-go does, so that many clients do not reconnect in step).
         page_size: list page size (``limit``/``continue``); 0 = unpaged.
         read_slack_s: client read timeout = watch timeout + this (a dead connection is noticed).
+
+    Which list, as client-go's Reflector: the first one asks for ``resourceVersion=0``, which the
+    API server answers from its watch cache (all items in one answer; it ignores ``limit``)
+    instead of reading every object from etcd, so a scheduler (re)starting on a large cluster
+    does not load the control plane with a full quorum read; the watch then resumes from the
+    cache's resourceVersion, so nothing later is missed. After a 410 Gone the relist is a
+    consistent read (no resourceVersion, paged): the watch fell too far behind, and the cache may
+    be too.
     """
 
     def __init__(self, api: Api, store: Store, spec: WatchSpec, watch_timeout_s: float = 300.0,
@@ -289,6 +300,8 @@ class Reflector:
         self.read_slack_s = read_slack_s
         self.stats = ReflectorStats()
         self.rv: str | None = None
+        #: the next list is a consistent read (after a 410 Gone); else from the watch cache
+        self.consistent_list = False
         self._stop = threading.Event()
         self._resp = None
         self._thread: threading.Thread | None = None
@@ -298,7 +311,9 @@ class Reflector:
         return query + [("labelSelector", self.spec.label_selector)] if self.spec.label_selector else query
 
     def list(self) -> str:
-        """List everything (paged) into the store; returns the list's resourceVersion.
+        """List everything (paged) into the store; returns the list's resourceVersion. From the
+        API server's watch cache (``resourceVersion=0``) unless `consistent_list` is set (class
+        docstring).
 
         Raises: the typed errors of `Api.request`; `Garbage` for a list without items or
         resourceVersion.
@@ -310,7 +325,9 @@ class Reflector:
             if self.page_size:
                 query.append(("limit", str(self.page_size)))
             if cont:
-                query.append(("continue", cont))
+                query.append(("continue", cont))  # (a continued page carries no resourceVersion)
+            elif not self.consistent_list:
+                query.append(("resourceVersion", "0"))
             try:
                 page = self.api.request("GET", self.spec.path, verb="list", resource=self.spec.resource, query=query)
             except Gone:
@@ -336,6 +353,7 @@ class Reflector:
                     raise Garbage(f"list {self.spec.resource}: the answer has no metadata.resourceVersion")
                 break
         self.store.replace(self.spec.name, items)
+        self.consistent_list = False
         self.stats.lists += 1
         self.stats.synced = True
         self.stats.last_error_permanent = self.stats.failing = False
@@ -421,6 +439,7 @@ class Reflector:
             except Gone as e:
                 log.info("%s: %s; relisting", self.spec.name, e)
                 self.rv = None
+                self.consistent_list = True
                 continue
             except (PermanentError, TemporaryError) as e:
                 delay = backoff.next_s()

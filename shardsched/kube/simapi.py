@@ -10,7 +10,8 @@ Served (JSON only):
 - ``GET /version``; ``GET /apis/events.k8s.io/v1`` (discovery; 404 with ``events_api=False``);
 - nodes and pods: list (``fieldSelector`` on ``spec.nodeName``, ``spec.schedulerName``,
   ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``;
-  ``labelSelector`` with equality and existence terms; ``limit`` and ``continue`` paging) and watch (``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``;
+  ``labelSelector`` with equality and existence terms; ``limit`` and ``continue`` paging, except
+  for ``resourceVersion=0``, answered whole as kube's watch cache does) and watch (``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``;
   an object that stops matching the selector is sent as DELETED with its previous state, as kube's
   cacher does; a resourceVersion older than `SimApiServer.compact` answers an ERROR event with
   code 410); get, create and delete of pods;
@@ -161,6 +162,7 @@ class SimApiServer:
         self.events: dict[tuple[str, str], dict] = {}  # (namespace, event name) -> Event
         self.leases: dict[tuple[str, str], dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) served, for tests
+        self.queries: list[tuple[str, str, dict]] = []  # (method, path, query parameters), for tests
         self._lease_rv = 0
         self._faults: list[_Fault] = []
         self._denied: set[tuple[str, str]] = set()
@@ -288,6 +290,7 @@ class SimApiServer:
         path, query = url.path, parse_qs(url.query)
         q = {k: v[-1] for k, v in query.items()}
         self.requests.append((h.command, path))
+        self.queries.append((h.command, path, q))
         h.read_body()
         try:
             if self.token and h.headers.get("Authorization") != f"Bearer {self.token}":
@@ -436,7 +439,8 @@ class SimApiServer:
         items = sorted((o for o in objs if sel.matches(o) and in_ns(o)),
                        key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         start = int(q.get("continue") or 0)
-        limit = int(q.get("limit") or 0)
+        # resourceVersion=0 is served from kube's watch cache, which ignores limit (one answer)
+        limit = 0 if q.get("resourceVersion") == "0" and not start else int(q.get("limit") or 0)
         page = items[start:start + limit] if limit else items[start:]
         meta: dict = {"resourceVersion": str(rv)}
         if limit and start + limit < len(items):
