@@ -199,3 +199,32 @@ def test_kubeconfig_token_refresh_runs_at_most_once_a_second_and_stays_wrapped(t
         cfg.get_api_key_with_prefix("BearerToken")
     assert len(hosts) == 2, "once the period has passed, exactly once"
     assert cfg.refresh_api_key_hook is wrapped
+
+
+def test_a_writer_queue_reports_given_up_items_once_per_interval_with_the_count(caplog):
+    """An API server away for a while: every Event is given up, but the log says so once per
+    interval with how many, not once per Event."""
+    import logging
+    import time
+
+    from shardsched.kube.writers import WorkQueue
+
+    def refuse(item):
+        raise TemporaryError(f"API server unreachable ({item})")
+
+    q = WorkQueue("events-test", refuse, workers=1, max_tries=1, log_every_s=0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="shardsched.kube.writers"):
+            for i in range(20):
+                q.put(i, i)
+            assert q.flush(5)
+            first = [r.getMessage() for r in caplog.records]
+            time.sleep(0.6)
+            q.put("later", "later")
+            assert q.flush(5)
+            lines = [r.getMessage() for r in caplog.records]
+    finally:
+        q.stop()
+    assert q.stats["failed"] == 21
+    assert len(first) == 1 and "1 item(s) given up" in first[0] and "(0)" in first[0]
+    assert len(lines) == 2 and "20 item(s) given up" in lines[1] and "(later)" in lines[1]

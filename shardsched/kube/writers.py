@@ -58,15 +58,21 @@ class WorkQueue:
 
     ``put(key, item)`` replaces a queued item of the same key (coalescing); when ``capacity`` items
     wait, a new key is dropped and counted. The handler raises `TemporaryError` to be retried (up
-    to ``max_tries``, backoff from ``retry_s`` doubling), any other error drops the item.
+    to ``max_tries``, backoff from ``retry_s`` doubling), any other error drops the item. Items
+    given up are logged at most once per ``log_every_s`` with the count since the last line (an API
+    server that is away for a minute would otherwise print one line per Event).
 
     Args:
         name: for thread names and logs. handler: called with each item.
     """
 
     def __init__(self, name: str, handler: Callable[[Any], None], capacity: int = 10_000, workers: int = 2,
-                 max_tries: int = 4, retry_s: float = 0.5) -> None:
+                 max_tries: int = 4, retry_s: float = 0.5, log_every_s: float = 10.0) -> None:
         self.name = name
+        self.log_every_s = log_every_s
+        self._log_lock = threading.Lock()
+        self._logged_at = -float("inf")
+        self._unlogged = 0
         self.handler = handler
         self.capacity = capacity
         self.max_tries = max_tries
@@ -113,14 +119,24 @@ class WorkQueue:
                             self._cond.notify()
                 else:
                     self.stats["failed"] += 1
-                    log.warning("%s: giving up after %d tries: %s", self.name, tries + 1, e)
+                    self._log_failure(logging.WARNING, f"gave up after {tries + 1} tries: {e}")
             except Exception as e:  # noqa: BLE001 - a writer thread never dies
                 self.stats["failed"] += 1
-                log.log(logging.ERROR if isinstance(e, PermanentError) else logging.WARNING, "%s: %s", self.name, e)
+                self._log_failure(logging.ERROR if isinstance(e, PermanentError) else logging.WARNING, str(e))
             finally:
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()
+
+    def _log_failure(self, level: int, msg: str) -> None:
+        """One line for the first item given up, then at most one per ``log_every_s`` with the count."""
+        with self._log_lock:
+            self._unlogged += 1
+            now = time.monotonic()
+            if now - self._logged_at < self.log_every_s:
+                return
+            count, self._unlogged, self._logged_at = self._unlogged, 0, now
+        log.log(level, "%s: %d item(s) given up since the last report; last: %s", self.name, count, msg[:300])
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until nothing is queued or in progress; False on timeout."""
