@@ -319,21 +319,37 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     targets: list[str] = []
     real_bind = api_server.sim.bind_many
 
+    names_bound, scheduled = [], []
+    real_record = api_server.sim.record_event
+
+    def record_event(ref, type_, reason, message):
+        if reason == "Scheduled":
+            scheduled.append(ref.get("name"))
+        return real_record(ref, type_, reason, message)
+
     def recording(bindings):
         targets.extend(b[2] for b in bindings)
+        names_bound.extend(b[1] for b in bindings if b[1].startswith("bench-") and not b[1].startswith("bench-api-"))
         return real_bind(bindings)
 
     api_server.sim.bind_many = recording
+    api_server.sim.record_event = record_event
     try:
         report = run_bench(kubeconfig, redis_server.url, 150, 4)
     finally:
         api_server.sim.bind_many = real_bind
+        api_server.sim.record_event = real_record
     check_bench_report(report, 150)
     # baseline and measured pods went onto the bench's own nodes only
     assert len(targets) >= 300 and all(t.startswith("shardsched-bench-node-") for t in targets)
     assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
+    # the Scheduled Events of the measured pods were written (the simulated cluster's record keeps
+    # them), then deleted from the API server once the scheduler had stopped
+    assert set(scheduled) == set(names_bound) and len(names_bound) == 150
+    assert not [e for e in api_server.events.values()
+                if (e.get("reportingController") or "").startswith("shardsched-bench-")]
     # the bench serves a scheduler name of its own: the cluster's pending pods are left alone
     real = api_server.sim.get_pod("default", "a-real-pending-pod")
     assert not real["spec"].get("nodeName")
@@ -391,3 +407,9 @@ def test_envtest_serve_bench(plane, redis_server):
     check_bench_report(report, 200)
     # the real API server's own time per bind, read from its /metrics in both phases
     assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0
+    # the bench's Scheduled Events were deleted once the scheduler stopped (the field selector on
+    # reportingComponent is served by the real API server)
+    spec = ClientSpec(kubeconfig=plane.kubeconfig("admin"))
+    api = Api(spec.api_client(pool_size=2), None, (5, 30))
+    events = api.request("GET", "/api/v1/namespaces/default/events", verb="list", resource="events")["items"]
+    assert not [e for e in events if (e.get("reportingComponent") or "").startswith("shardsched-bench-")]

@@ -309,7 +309,7 @@ def serve(**kw) -> None:
 
     runtime = KubeRuntime(config, spec, options)
     code = 0
-    bench = None
+    bench = bench_events = None
     try:
         while not (stop.is_set() or lost.is_set() or become_leader.is_set()):
             stop.wait(0.1)
@@ -317,6 +317,7 @@ def serve(**kw) -> None:
             state.leading = True
             state.runtime = runtime
             bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
+            bench_events = bench  # whose Events to delete once the scheduler has stopped
             if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
                 started_at = time.time()
                 state.phase, state.reason = "leading", ""
@@ -350,6 +351,10 @@ def serve(**kw) -> None:
         if bench is not None:
             bench.cleanup()
         runtime.stop()
+        if bench_events is not None:  # written until the scheduler stopped: deleted after it
+            deleted = bench_events.delete_events()
+            if deleted is not None:
+                log.info("bench: deleted %d Events of %s", deleted, bench_events.scheduler_name)
         if elector is not None:
             elector.release()
         if server is not None:

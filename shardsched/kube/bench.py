@@ -401,3 +401,19 @@ class Bench:
             except Exception:  # noqa: BLE001 - cleanup
                 pass
         self._names, self._made_nodes = [], []
+
+    def delete_events(self) -> int | None:
+        """Delete the Events shardsched wrote for the bench's pods (call once the scheduler has
+        stopped and flushed them): one delete-collection of the namespace's Events whose reporting
+        controller is the bench's scheduler name (``reportingComponent`` in core/v1), which no
+        other writer uses. Returns how many were deleted, or None when the API server refused
+        (logged with the kubectl command that does it; they then expire with the event TTL)."""
+        try:
+            data = self.api.request("DELETE", f"/api/v1/namespaces/{self.namespace}/events", verb="deletecollection",
+                                    resource="events", query=[("fieldSelector", f"reportingComponent={self.scheduler_name}")])
+        except Exception as e:  # noqa: BLE001 - cleanup is best effort
+            log.warning("the bench's Events were not deleted (%s); they expire with the API server's event TTL, or: "
+                        "kubectl delete events -n %s --field-selector reportingComponent=%s",
+                        e, self.namespace, self.scheduler_name)
+            return None
+        return len(data.get("items") or []) if isinstance(data, dict) else 0

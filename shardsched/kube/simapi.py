@@ -20,7 +20,8 @@ Served (JSON only):
 - ``PATCH .../pods/{name}/status`` (strategic merge of ``status.conditions`` by type);
 - ``PATCH /api/v1/nodes/{name}[/status]`` (``spec.taints`` replaced, ``status.conditions`` merged
   by type: what a kubelet-less node registration writes);
-- Events: create and merge-patch in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
+- Events: create, merge-patch and delete-collection (``fieldSelector`` on the reporting controller,
+  ``reason``, ``type``) in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
   and recorded in the simulated cluster too);
 - Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
   ``metadata.resourceVersion``);
@@ -342,6 +343,8 @@ class SimApiServer:
                 break
         if method == "GET":
             return ("get" if named else "watch" if q.get("watch") in ("true", "1") else "list"), resource
+        if method == "DELETE" and not named and resource != path:
+            return "deletecollection", resource
         return _VERBS.get(method, method.lower()), resource
 
     def _route(self, h: _Handler, path: str, q: dict, verb: str) -> None:
@@ -377,7 +380,7 @@ class SimApiServer:
             return self._pods(h, m["ns"], m["name"], m["sub"], q, verb)
         m = _EVENTS.match(path)
         if m:
-            return self._events(h, path, m["ns"], m["name"])
+            return self._events(h, path, m["ns"], m["name"], q)
         m = _LEASES.match(path)
         if m:
             return self._leases(h, m["ns"], m["name"])
@@ -507,12 +510,32 @@ class SimApiServer:
             return DELETED, gone
         return None
 
-    def _events(self, h: _Handler, path: str, ns: str, name: str | None) -> None:
+    def _events(self, h: _Handler, path: str, ns: str, name: str | None, q: dict) -> None:
         new_api = path.startswith("/apis/")
         if new_api and not self.events_api:
             raise NotFound("the server could not find the requested resource")
         if h.command == "GET" and name is None:
             return h.reply(200, {"kind": "EventList", "items": [e for (n, _), e in self.events.items() if n == ns]})
+        if h.command == "DELETE" and name is None:  # deletecollection
+            terms = []
+            for part in filter(None, (q.get("fieldSelector") or "").split(",")):
+                key, _, value = part.partition("=")
+                # the reporting controller is `reportingController` in events.k8s.io/v1 and
+                # `reportingComponent` in core/v1; both selectors name the same field
+                if key not in ("reportingComponent", "reportingController", "reason", "type"):
+                    return h.reply(400, status_body(400, "BadRequest", f'"{key}" is not a known field selector: '
+                                                                     "only reportingComponent, reason, type"))
+                terms.append((key, value))
+
+            def value_of(ev: dict, key: str) -> str:
+                if key in ("reportingComponent", "reportingController"):
+                    return ev.get("reportingController") or ev.get("reportingComponent") or ""
+                return ev.get(key) or ""
+
+            with self._lock:
+                gone = [k for k, ev in self.events.items() if k[0] == ns and all(value_of(ev, key) == v for key, v in terms)]
+                items = [self.events.pop(k) for k in gone]
+            return h.reply(200, {"kind": "EventList", "items": items})
         if h.command == "POST":
             ev = h.body() or {}
             ev_name = ev["metadata"]["name"]
