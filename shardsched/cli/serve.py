@@ -224,6 +224,7 @@ def serve(**kw) -> None:
     the coordinator died (Ray mode): the Lease is released for a standby. RBAC denied
     or an unreachable API server are not fatal: it logs why, reports 503 on /readyz, and retries.
     """
+    from shardsched import gctune
     from shardsched.config import load_config, parse_config
     from shardsched.kube.client import ClientSpec
     from shardsched.kube.cluster import KubeCluster
@@ -236,6 +237,7 @@ def serve(**kw) -> None:
     except (ConfigError, ShardschedError, OSError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_CONFIG)
+    gctune.tune()  # in threads mode this process holds the whole scheduler (shardsched.gctune)
     cc, le = config.client_connection, config.leader_election
     spec = ClientSpec(kubeconfig=kw["kubeconfig"] or cc.kubeconfig or None, context=kw["context"],
                       qps=cc.qps if kw["kube_api_qps"] is None else kw["kube_api_qps"],
@@ -319,6 +321,7 @@ def serve(**kw) -> None:
             bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
             bench_events = bench  # whose Events to delete once the scheduler has stopped
             if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
+                gctune.freeze_loaded()  # the cluster just listed (threads mode: in this process)
                 started_at = time.time()
                 state.phase, state.reason = "leading", ""
                 log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])

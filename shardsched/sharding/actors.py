@@ -21,6 +21,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
+from shardsched import gctune
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.coordinator import Coordinator
@@ -45,6 +46,7 @@ class ShardHost:
 
     def __init__(self, index: int, member: str, config: SchedulerConfiguration, redis_url: str, prefix: str,
                  cluster: Any, coordinator: Any, options: ShardOptions) -> None:
+        gctune.tune()  # this actor's process (shardsched.gctune)
         ledger = Ledger(connect(redis_url), prefix)
         # a backend object living in this process (the Kubernetes backend binds from each shard)
         # has counters of its own (binds by code, Events written): `metric_samples` adds them
@@ -108,6 +110,7 @@ class CoordinatorHost:
     def __init__(self, config: SchedulerConfiguration, redis_url: str, prefix: str, cluster: Any, num_shards: int,
                  shard_options: ShardOptions, shard_num_cpus: float = 0, shard_redis_url: str | None = None,
                  adoptable: bool = False, autoscaler: AutoscalerOptions | None = None) -> None:
+        gctune.tune()  # this actor's process (shardsched.gctune)
         me = ray.get_runtime_context().current_actor
         self.me = me
         self.prefix = prefix
@@ -141,6 +144,7 @@ class CoordinatorHost:
                 found[index] = (member, Remote(handle))
             self.coordinator.adopt(found)
         self.coordinator.start()
+        gctune.freeze_loaded()  # the cluster just listed: not to be rescanned by every collection
         self.thread = threading.Thread(target=self.coordinator.run_forever, name="coordinator", daemon=True)
         self.thread.start()
         return self.coordinator.status()
@@ -186,6 +190,10 @@ class CoordinatorHost:
 
 class SimClusterHost(SimCluster):
     """The simulated cluster as an actor (adds the process id, for the CPU/memory report)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        gctune.tune()  # this actor's process (shardsched.gctune)
+        super().__init__(*args, **kwargs)
 
     def pid(self) -> int:
         return os.getpid()
