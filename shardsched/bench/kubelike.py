@@ -63,7 +63,8 @@ def kube_like_config(config: SchedulerConfiguration) -> SchedulerConfiguration:
 
 def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int = 0, timeout_s: float = 600.0,
         create_chunk: int = 2000, bind_latency_s: float = 0.0,
-        on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        on_progress: Callable[[int, int], None] | None = None,
+        after_load: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run the baseline in this process (see module docstring) until every pod is bound or parked
     unschedulable, or ``timeout_s``.
 
@@ -74,6 +75,8 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
             (`CREATED_AT_ANNOTATION`, Unix seconds).
         bind_latency_s: the simulated API's answer time per bind call (`FaultConfig`); 0 = none.
         on_progress: called with (bound, total) every `PROGRESS_EVERY_S`.
+        after_load: called once the nodes are listed, before the burst (the bench's child process
+            freezes them out of the collector there, as shardsched's processes do: `shardsched.gctune`).
 
     Returns:
         a plain dict: ``bound``, ``unschedulable``, ``latencies_s`` (creation -> bound), ``wall_s``
@@ -88,6 +91,8 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
     table.add_nodes(NodeInfo.from_object(n) for n in node_objs)
     schedulers = build_schedulers(config, table, seed)
     default = next(iter(schedulers.values()))
+    if after_load is not None:
+        after_load()
     qs = default.framework.queue_sort
     queue = SchedulingQueue(sort_key=qs.sort_key if qs else None, pod_initial_backoff_s=config.pod_initial_backoff_s,
                             pod_max_backoff_s=config.pod_max_backoff_s,
@@ -205,9 +210,12 @@ def _cpu_s() -> float:
 
 def _child(conn: Any, config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int,
            timeout_s: float, create_chunk: int, bind_latency_s: float) -> None:
+    from shardsched import gctune
+
+    gctune.tune()  # the same collector settings as shardsched's processes
     try:
         out = run(config, nodes, pods, seed, timeout_s, create_chunk, bind_latency_s,
-                  on_progress=lambda b, t: conn.send(("progress", b, t)))
+                  on_progress=lambda b, t: conn.send(("progress", b, t)), after_load=gctune.freeze_loaded)
         conn.send(("result", out))
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         conn.send(("error", f"{type(e).__name__}: {e}"))
