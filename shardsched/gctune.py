@@ -18,8 +18,9 @@ set; nothing is turned off):
   long-lived objects to grow by 25% since the last full collection). Cyclic garbage still gets
   collected, a little later; it is a few MB at most.
 - `freeze_loaded` runs one full collection, then moves every surviving object to the permanent
-  generation (`gc.freeze`), which no collection scans again: called once the cluster has been
-  listed, when most of what the process will hold has just been loaded. Frozen objects are still
+  generation (`gc.freeze`), which no collection scans again: called each time the cluster has
+  been listed (start, relist after 410 Gone), when most of what the process will hold has just
+  been loaded. Frozen objects are still
   freed by reference counting when dropped (a pod's old version when the watch brings a new one);
   only a frozen object that later becomes part of an unreachable reference cycle would stay, which
   the listed objects (JSON trees) cannot.
@@ -53,11 +54,15 @@ def tune() -> None:
 
 
 def freeze_loaded() -> None:
-    """One full collection, then freeze every object alive (module docstring). Takes as long as
-    one full collection of what the process holds (tens of ms for 10,000 pods)."""
+    """Unfreeze, one full collection, then freeze every object alive (module docstring): called
+    after each full list of the cluster. The unfreeze first lets the collection free what an
+    earlier freeze kept and a relist has since dropped (the previous node table, in cycles with
+    its plugins). Takes as long as one full collection of what the process holds (tens of ms for
+    10,000 pods)."""
     if not enabled():
         return
     t0 = time.perf_counter()
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     log.debug("gc: froze %d objects in %.0f ms", gc.get_freeze_count(), (time.perf_counter() - t0) * 1000)

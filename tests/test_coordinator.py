@@ -209,3 +209,26 @@ def test_a_hung_shard_does_not_hold_up_the_control_loop(ledger):
 
     assert not world.cluster.invariants()["pods_unbound"]
     assert waited < 2.0
+
+
+def test_the_relist_hook_runs_once_the_cluster_is_loaded_at_start_and_after_410(ledger):
+    """`Coordinator.on_relist` (the hosts freeze the loaded cluster out of the collector there)
+    runs after the first list and after a relist, with the listed pods already tracked."""
+    cluster = SimCluster(seed=0)
+    cluster.create_nodes(uniform_nodes(4, cpu="4"))
+    cluster.create_pods(uniform_pods(5, cpu="1", scheduler_name="shardsched"))
+    shards: dict[int, Shard] = {}
+
+    def new_shard(index: int, member: str) -> Remote:
+        shards[index] = Shard(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))
+        return Remote(shards[index])
+
+    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), new_shard, 2)
+    seen: list[int] = []
+    coordinator.on_relist = lambda: seen.append(len(coordinator.pending))
+    coordinator.start()
+    assert seen == [5]
+    cluster.create_pods(uniform_pods(2, cpu="1", scheduler_name="shardsched", prefix="late-"))
+    coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
+    assert coordinator.poll_watch()
+    assert seen == [5, 7]

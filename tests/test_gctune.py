@@ -15,8 +15,16 @@ from shardsched import gctune
 before = gc.get_threshold()
 gctune.tune()
 kept = [{"metadata": {"name": str(i)}, "spec": {"containers": [{"name": "c"}]}} for i in range(1000)]
+import weakref
+class Table:  # an old node table in a cycle with its plugins, as a relist drops it
+    pass
+old = Table(); old.me = old; gone = weakref.ref(old)
 gctune.freeze_loaded()
-print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": gc.get_freeze_count()}))
+frozen = gc.get_freeze_count()
+del old  # the relist replaced it: cyclic garbage, but frozen
+gctune.freeze_loaded()  # the relist's freeze
+print(json.dumps({"before": before, "after": gc.get_threshold(), "frozen": frozen,
+                  "old_table_freed": gone() is None}))
 """
 
 
@@ -32,6 +40,7 @@ def test_tune_raises_the_thresholds_and_freeze_moves_the_loaded_objects_out_of_t
     got = probe(None)
     assert tuple(got["after"]) == gctune.THRESHOLDS != tuple(got["before"])
     assert got["frozen"] > 3000  # the 1,000 listed objects (3 containers each) and what was alive
+    assert got["old_table_freed"], "a later freeze first collects what an earlier one kept and is now garbage"
 
 
 def test_shardsched_gc_default_leaves_the_interpreter_alone():

@@ -265,7 +265,7 @@ def serve(**kw) -> None:
                     "every pod that does not name a scheduler")
     options = RuntimeOptions(shards=kw["shards"], mode=kw["mode"], redis_url=kw["redis_url"],
                              ray_address=kw["ray_address"] or None, watch_timeout_s=kw["watch_timeout_s"],
-                             shard_num_cpus=kw["shard_cpus"], autoscaler=autoscaler,
+                             shard_num_cpus=kw["shard_cpus"], autoscaler=autoscaler, freeze_gc=True,
                              shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"],
                                                         binding_cycles=BINDING_CYCLES),
                              prefix=f"ss:{lease_name}:{uuid.uuid4().hex[:8]}:")
@@ -321,7 +321,6 @@ def serve(**kw) -> None:
             bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
             bench_events = bench  # whose Events to delete once the scheduler has stopped
             if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
-                gctune.freeze_loaded()  # the cluster just listed (threads mode: in this process)
                 started_at = time.time()
                 state.phase, state.reason = "leading", ""
                 log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])

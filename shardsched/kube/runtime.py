@@ -49,6 +49,9 @@ class RuntimeOptions:
         prefix: Redis key prefix; None = a fresh ``ss:<random>:``.
         autoscaler: let the coordinator set the shard count (`Coordinator.enable_autoscaler`);
             ``shards`` is the count at start.
+        freeze_gc: in THREADS mode, freeze the cluster out of this process's collector after each
+            relist (`shardsched.gctune.freeze_loaded`; serve sets it, the process is its own). In
+            RAY mode the coordinator's actor always does.
     """
 
     shards: int = 2
@@ -60,6 +63,7 @@ class RuntimeOptions:
     prefix: str | None = None
     shard_num_cpus: float = 0.0
     autoscaler: AutoscalerOptions | None = None
+    freeze_gc: bool = False
 
 
 class _CoordinatorRef:
@@ -148,6 +152,10 @@ class KubeRuntime:
         if self.options.autoscaler is not None:
             coordinator.enable_autoscaler(self.options.autoscaler)
         ref.coordinator = coordinator
+        if self.options.freeze_gc:
+            from shardsched import gctune
+
+            coordinator.on_relist = gctune.freeze_loaded
         coordinator.start()
         self.coordinator = coordinator
         t = threading.Thread(target=coordinator.run_forever, name="coordinator", daemon=True)

@@ -125,6 +125,8 @@ class CoordinatorHost:
             return Remote(handle)
 
         self.coordinator = Coordinator(config, Ledger(connect(redis_url), prefix), Remote(cluster), factory, num_shards)
+        # the cluster just listed (start, and again after a 410 relist): out of later collections
+        self.coordinator.on_relist = gctune.freeze_loaded
         if autoscaler is not None:
             self.coordinator.enable_autoscaler(autoscaler)
         self.thread: threading.Thread | None = None
@@ -144,7 +146,6 @@ class CoordinatorHost:
                 found[index] = (member, Remote(handle))
             self.coordinator.adopt(found)
         self.coordinator.start()
-        gctune.freeze_loaded()  # the cluster just listed: not to be rescanned by every collection
         self.thread = threading.Thread(target=self.coordinator.run_forever, name="coordinator", daemon=True)
         self.thread.start()
         return self.coordinator.status()

@@ -126,6 +126,9 @@ class Coordinator:
         self.owner_slots = np.zeros(0, np.int32)
         self.epoch = 0
         self.rv = 0
+        #: called after every relist (start, 410 Gone), when the cluster has just been loaded: the
+        #: hosts of a process of its own freeze it out of the collector there (`shardsched.gctune`)
+        self.on_relist: Callable[[], None] | None = None
         self.pending: dict[str, Tracked] = {}  # uid -> tracked pending pod
         self.bound_on: dict[str, str] = {}  # uid -> node, pods counted in the table
         self.routed = np.zeros(0, np.int64)  # pods routed per shard and not yet bound
@@ -220,6 +223,8 @@ class Coordinator:
             s.remote.call("apply_nodes", mine, [])
         self._handle_pods([("ADDED", obj) for obj in pods])
         self.rv = rv
+        if self.on_relist is not None:
+            self.on_relist()
 
     def _repartition(self, infos: list[NodeInfo]) -> None:
         ids = [f"shard-{s.index}" for s in self.shards]
