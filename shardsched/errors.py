@@ -1,4 +1,4 @@
-"""The one small exception hierarchy of shardsched.
+"""The one small exception hierarchy of shardsched, and `ThrottledLog` for failures that repeat.
 
 Expected scheduling outcomes (a pod does not fit, a node is taken) are values (`framework.Status`),
 never exceptions. Exceptions are for bad input, bugs and infrastructure faults; their type, not their
@@ -6,6 +6,9 @@ message, decides what the caller does (retry later, give up on one object, stop 
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 
 class ShardschedError(Exception):
@@ -58,3 +61,29 @@ class LeaseLostError(TemporaryError):
 
 class FencedOffError(PermanentError):
     """This shard's fencing token or shard-map epoch is stale: another owner took over."""
+
+
+class ThrottledLog:
+    """Log a repeated failure at most once per ``every_s`` with how many happened since the last
+    line (the first one is logged at once): a Redis or an API server that is away for a minute
+    then prints a handful of lines, not one per pod or per Event. Thread-safe.
+
+    ``record(logger, level, template, last)`` formats ``template`` with ``count`` (failures since
+    the last line, this one included) and ``last`` (this failure's text, cut at 300 characters).
+    A count not yet logged when failures stop is not logged (the callers also count failures).
+    """
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._logged_at = float("-inf")
+        self._unlogged = 0
+
+    def record(self, logger, level: int, template: str, last: str) -> None:
+        with self._lock:
+            self._unlogged += 1
+            now = time.monotonic()
+            if now - self._logged_at < self.every_s:
+                return
+            count, self._unlogged, self._logged_at = self._unlogged, 0, now
+        logger.log(level, template.format(count=count, last=last[:300]))

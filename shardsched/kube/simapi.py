@@ -517,23 +517,22 @@ class SimApiServer:
         if h.command == "GET" and name is None:
             return h.reply(200, {"kind": "EventList", "items": [e for (n, _), e in self.events.items() if n == ns]})
         if h.command == "DELETE" and name is None:  # deletecollection
-            terms = []
-            for part in filter(None, (q.get("fieldSelector") or "").split(",")):
-                key, _, value = part.partition("=")
-                # the reporting controller is `reportingController` in events.k8s.io/v1 and
-                # `reportingComponent` in core/v1; both selectors name the same field
-                if key not in ("reportingComponent", "reportingController", "reason", "type"):
-                    return h.reply(400, status_body(400, "BadRequest", f'"{key}" is not a known field selector: '
-                                                                     "only reportingComponent, reason, type"))
-                terms.append((key, value))
+            sel = Selector(q.get("fieldSelector", ""))
+            unknown = [key for key, _, _ in sel.terms
+                       if key not in ("reportingComponent", "reportingController", "reason", "type")]
+            if unknown:
+                return h.reply(400, status_body(400, "BadRequest", f'"{unknown[0]}" is not a known field selector: '
+                                                                 "only reportingComponent, reason, type"))
 
-            def value_of(ev: dict, key: str) -> str:
-                if key in ("reportingComponent", "reportingController"):
-                    return ev.get("reportingController") or ev.get("reportingComponent") or ""
-                return ev.get(key) or ""
+            def selectable(ev: dict) -> dict:
+                # the reporting controller is `reportingController` in events.k8s.io/v1 and
+                # `reportingComponent` in core/v1; a selector may name either
+                controller = ev.get("reportingController") or ev.get("reportingComponent") or ""
+                return {"reportingComponent": controller, "reportingController": controller,
+                        "reason": ev.get("reason") or "", "type": ev.get("type") or ""}
 
             with self._lock:
-                gone = [k for k, ev in self.events.items() if k[0] == ns and all(value_of(ev, key) == v for key, v in terms)]
+                gone = [k for k, ev in self.events.items() if k[0] == ns and sel.matches(selectable(ev))]
                 items = [self.events.pop(k) for k in gone]
             return h.reply(200, {"kind": "EventList", "items": items})
         if h.command == "POST":

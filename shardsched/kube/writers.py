@@ -30,7 +30,7 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Callable, Hashable, Mapping
 
-from shardsched.errors import PermanentError, TemporaryError
+from shardsched.errors import PermanentError, TemporaryError, ThrottledLog
 from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api
 from shardsched.sim.errors import Conflict, NotFound
 
@@ -69,10 +69,7 @@ class WorkQueue:
     def __init__(self, name: str, handler: Callable[[Any], None], capacity: int = 10_000, workers: int = 2,
                  max_tries: int = 4, retry_s: float = 0.5, log_every_s: float = 10.0) -> None:
         self.name = name
-        self.log_every_s = log_every_s
-        self._log_lock = threading.Lock()
-        self._logged_at = -float("inf")
-        self._unlogged = 0
+        self._failures = ThrottledLog(log_every_s)
         self.handler = handler
         self.capacity = capacity
         self.max_tries = max_tries
@@ -129,14 +126,7 @@ class WorkQueue:
                     self._cond.notify_all()
 
     def _log_failure(self, level: int, msg: str) -> None:
-        """One line for the first item given up, then at most one per ``log_every_s`` with the count."""
-        with self._log_lock:
-            self._unlogged += 1
-            now = time.monotonic()
-            if now - self._logged_at < self.log_every_s:
-                return
-            count, self._unlogged, self._logged_at = self._unlogged, 0, now
-        log.log(level, "%s: %d item(s) given up since the last report; last: %s", self.name, count, msg[:300])
+        self._failures.record(log, level, self.name + ": {count} item(s) given up since the last report; last: {last}", msg)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until nothing is queued or in progress; False on timeout."""

@@ -50,7 +50,7 @@ import numpy as np
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
-from shardsched.errors import TemporaryError
+from shardsched.errors import TemporaryError, ThrottledLog
 from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, ShardMetrics
 from shardsched.queue import NODE_ADD, NODE_UPDATE, ASSIGNED_POD_DELETE, QueuedPodInfo, SchedulingQueue
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
@@ -167,8 +167,7 @@ class Shard:
         # binding cycles in the background, oldest first: (future of _binding_io, batch, started)
         self._binding: deque[tuple[Future, list, float]] = deque()
         self._bind_pool: ThreadPoolExecutor | None = None
-        self._bind_error_logged_at = float("-inf")
-        self._bind_errors_unlogged = 0
+        self._bind_errors_log = ThrottledLog(10.0)
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
     def set_epoch(self, epoch: int) -> None:
@@ -604,13 +603,8 @@ class Shard:
     # ------------------------------------------------------------------ helpers
     def _log_bind_error(self, msg: str) -> None:
         """A WARNING for failed binds (5xx, no answer), at most one line per 10 s with the count."""
-        self._bind_errors_unlogged += 1
-        now = time.monotonic()
-        if now - self._bind_error_logged_at >= 10.0:
-            log.warning("shard %s: %d bind(s) failed since the last report (retried with backoff); last: %s",
-                        self.member, self._bind_errors_unlogged, msg[:300])
-            self._bind_error_logged_at = now
-            self._bind_errors_unlogged = 0
+        self._bind_errors_log.record(log, logging.WARNING, f"shard {self.member}: {{count}} bind(s) failed since the last "
+                                     "report (retried with backoff); last: {last}", msg)
 
     def _forget(self, pod: PodInfo) -> None:
         """Undo this shard's assume of the pod (kube's ForgetPod). A pod the watch has confirmed
