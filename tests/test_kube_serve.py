@@ -303,7 +303,14 @@ def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> dict:
 
 def check_bench_report(report: dict, pods: int) -> None:
     assert report["errors"] == []
-    assert report["pods"] == report["bound"] == report["api_binds"] == pods
+    assert report["pods"] == report["bound"] == pods
+    # the API server's rate from one client, measured before and after shardsched's window
+    phases = report["api_baselines"]
+    assert [b["phase"] for b in phases] == ["before", "after"] and all(b["binds"] == pods for b in phases)
+    assert report["api_binds"] == 2 * pods
+    assert report["api_bind_wall_s"] == pytest.approx(sum(b["wall_s"] for b in phases), abs=0.01)
+    assert report["api_binds_per_s"] == pytest.approx(2 * pods / report["api_bind_wall_s"], rel=0.01)
+    assert report["api_drift"] == pytest.approx(phases[1]["binds_per_s"] / phases[0]["binds_per_s"], rel=0.01)
     assert report["pods_per_s"] > 0 and report["api_binds_per_s"] > 0
     assert report["ratio"] == pytest.approx(report["pods_per_s"] / report["api_binds_per_s"], rel=0.01)
     assert 0 <= report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
@@ -340,8 +347,8 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
         api_server.sim.bind_many = real_bind
         api_server.sim.record_event = real_record
     check_bench_report(report, 150)
-    # baseline and measured pods went onto the bench's own nodes only
-    assert len(targets) >= 300 and all(t.startswith("shardsched-bench-node-") for t in targets)
+    # baselines and measured pods went onto the bench's own nodes only
+    assert len(targets) >= 450 and all(t.startswith("shardsched-bench-node-") for t in targets)
     assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]

@@ -201,7 +201,8 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
 @click.option("--bench", "bench_pods", type=click.IntRange(1), default=None,
               help="Benchmark: create this many pods, measure bound pods/s and latency next to the API "
-                   "server's own binding rate, delete them, exit.")
+                   "server's own binding rate from one client (measured before and after shardsched's "
+                   "window), delete them, exit.")
 @click.option("--bench-namespace", default="default", show_default=True)
 @click.option("--bench-nodes", type=click.IntRange(0), default=0, show_default=True,
               help="Create this many nodes for the benchmark first and report them Ready, as a kubelet "
@@ -325,7 +326,7 @@ def serve(**kw) -> None:
                 state.phase, state.reason = "leading", ""
                 log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
                 if bench is not None:
-                    code = _bench_report(bench, report, started_at, kw)
+                    code = _bench_report(bench, report, started_at, kw, runtime)
                     bench = None
                     stop.set()
                 next_check = time.monotonic() + COORDINATOR_CHECK_S
@@ -385,9 +386,16 @@ def _bench_prepare(spec, scheduler_name: str, kw: dict):
         raise
 
 
-def _bench_report(bench, report, started_at: float, kw: dict) -> int:
+#: the two baselines' rates further apart than this (after / before) make the ratio uncertain
+BENCH_DRIFT_WARN = 1.25
+
+
+def _bench_report(bench, report, started_at: float, kw: dict, runtime) -> int:
+    """Measure shardsched's window, stop the scheduler, run the second baseline, print the report."""
     if report.api_binds:
         report = bench.measure(report, started_at, kw["bench_timeout"])
+        runtime.stop()  # the second baseline runs with the scheduler gone, as the first did
+        report = bench.finish(report)
     data = report.to_json()
     if kw["output"] == "json":
         click.echo(json.dumps(data, indent=2))
@@ -395,8 +403,13 @@ def _bench_report(bench, report, started_at: float, kw: dict) -> int:
         lat = data["latency_ms"] or {"p50": 0.0, "p99": 0.0}
         click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
                    f"{data['pods_per_s']:.1f} pods/s; pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
+        phases = ", ".join(f"{b['phase']} {b['binds_per_s']:.1f}" for b in data["api_baselines"])
         click.echo(f"API server: {data['api_binds']} binds from one client in {data['api_bind_wall_s']:.2f} s = "
-                   f"{data['api_binds_per_s']:.1f} binds/s")
+                   f"{data['api_binds_per_s']:.1f} binds/s (binds/s before and after shardsched's window: {phases})")
+        drift = data["api_drift"]
+        if drift is not None and not 1 / BENCH_DRIFT_WARN <= drift <= BENCH_DRIFT_WARN:
+            click.echo(f"note: the API server's own rate moved by a factor of {drift:.2f} between the two baselines: the "
+                       "machine's speed drifted during the run, so the ratio is uncertain; run again", err=True)
         server = data["api_server_bind_ms"]
         if server["baseline"] is not None and server["shardsched"] is not None:
             click.echo(f"API server's own time per bind (apiserver_request_duration_seconds): {server['baseline']:.1f} ms "

@@ -1,28 +1,34 @@
 """``serve --bench N``: how fast does shardsched bind against this API server, and is the API server
 or the scheduler the limit?
 
-Two measurements in the namespace given, from this process and one helper process:
+Three measurements in the namespace given, from this process and one helper process:
 
-1. **API server baseline**: N pods with a schedulerName nobody serves are created, then bound
-   directly from one client (`KubeCluster.bind_many`, the same concurrent ``pods/binding`` path the
-   shards use, without a rate limit), round-robin over the nodes: binds per second the API server
-   accepts from one client. The pods are then deleted.
+1. **API server baseline, before**: N pods with a schedulerName nobody serves are created, then
+   bound directly from one client (`KubeCluster.bind_many`, the same concurrent ``pods/binding``
+   path the shards use, without a rate limit), round-robin over the nodes: binds per second the
+   API server accepts from one client. The pods are then deleted.
 2. **shardsched**, on a backlog (the field report's burst: thousands of pods pending at once): N
    pods for the scheduler's first profile are created *before* shardsched starts (so the creation
    rate, itself limited by the API server, does not cap the measured rate); a watch of the bench's
-   pods sees each get ``spec.nodeName``. It starts before the baseline, so its own cost to the API
-   server weighs on both measurements alike. That watch runs in a process of its own (`_observe`), so that
-   the observer's decoding does not take the scheduler's CPU (in ``--mode threads`` shardsched is one
-   Python process, and the watch cost about a tenth of its time). Pods/s = bound / (last bound seen - shardsched started, i.e.
-   its start returned, Ray and the informers' first lists done, or the first bind seen if earlier);
-   latency = from max(pod created, shardsched started) to the bind seen on the watch (the time a pod waited
-   while shardsched was running), P50/P99.
+   pods sees each get ``spec.nodeName``. It starts before the first baseline and runs until the
+   second ends, so its own cost to the API server weighs on every measurement alike. That watch
+   runs in a process of its own (`_observe`), so that the observer's decoding does not take the
+   scheduler's CPU (in ``--mode threads`` shardsched is one Python process, and the watch cost
+   about a tenth of its time). Pods/s = bound / (last bound seen - shardsched started, i.e. its
+   start returned, Ray and the informers' first lists done, or the first bind seen if earlier);
+   latency = from max(pod created, shardsched started) to the bind seen on the watch (the time a
+   pod waited while shardsched was running), P50/P99.
+3. **API server baseline, after**: the first measurement again, once shardsched has stopped and its
+   pods are deleted. On a shared or throttled machine the server's rate drifts within a minute
+   (here by up to a factor of two between runs); the two baselines bracket shardsched's window,
+   and the rate it is compared with is theirs together (all binds over both durations). Both are
+   reported (``api_baselines``) and ``api_drift`` = after / before tells how far apart they were.
 
-The report puts both rates side by side (``ratio`` = shardsched / API server; the issue's target is
+The report puts the rates side by side (``ratio`` = shardsched / API server; the issue's target is
 >= 0.9, i.e. shardsched is never the limit), and, when the API server's ``/metrics`` can be read,
-its own mean time per bind in each phase: a bind that takes the server much longer during
-shardsched's window than during the baseline means the server (or the machine it shares) was
-the busier side.
+its own mean time per bind in the baselines and in shardsched's window: a bind that takes the
+server much longer during shardsched's window than during the baselines means the server (or the
+machine it shares) was the busier side.
 """
 
 from __future__ import annotations
@@ -73,11 +79,16 @@ class BenchReport:
     wall_s: float = 0.0
     pods_per_s: float = 0.0
     latency_ms: dict = field(default_factory=dict)
+    #: both baselines together: binds, their summed durations, and binds / duration
     api_binds: int = 0
     api_bind_wall_s: float = 0.0
     api_binds_per_s: float = 0.0
     ratio: float = 0.0
-    #: the API server's own mean time per ``pods/binding`` request (ms) during the baseline and
+    #: each baseline: {"phase": "before" | "after", "binds", "wall_s", "binds_per_s"}
+    api_baselines: list = field(default_factory=list)
+    #: after / before binds per second (1.0 = no drift); None until both ran
+    api_drift: float | None = None
+    #: the API server's own mean time per ``pods/binding`` request (ms) during the baselines and
     #: during shardsched's window, from its ``apiserver_request_duration_seconds`` (all clients'
     #: binds in that window); None when its /metrics cannot be read
     api_server_bind_ms: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None})
@@ -134,7 +145,8 @@ def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) ->
     listed; then, once every pod of ``names`` is bound, the deadline of the ``("go", timeout_s)``
     message passes or ``("stop", None)`` arrives, send ``("done", (bound_at, created_at))``: name
     -> bind seen and name -> created (Unix s, from the bench annotation). The pods counted are the
-    ``count`` ones named ``prefix`` + 6 digits. Returns when the parent is gone."""
+    ``count`` ones named ``prefix`` + 6 digits. The watch then goes on (through the second
+    baseline) until the next message, or until the parent is gone."""
     spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods", "", BOUND,
                        label_selector=f"app={BENCH_APP}")
     api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
@@ -158,7 +170,7 @@ def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) ->
                 if conn.poll():
                     msg, arg = conn.recv()
                     if msg == "stop":
-                        break
+                        return
                     deadline = time.monotonic() + arg
             except (EOFError, OSError):  # the parent is gone
                 return
@@ -177,12 +189,14 @@ def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) ->
                 if (ev.object.get("spec") or {}).get("nodeName"):
                     bound_at.setdefault(name, now)
             time.sleep(0.005)
+        conn.send(("done", (bound_at, created_at)))
+        # keep watching (and loading the API server as before) through the second baseline
+        while not conn.poll(0.5):
+            pass
+    except (EOFError, OSError):  # the parent is gone, or sent "stop"
+        pass
     finally:
         reflector.stop()
-    try:
-        conn.send(("done", (bound_at, created_at)))
-    except OSError:
-        pass
 
 
 def binding_duration(api: Api) -> tuple[float, float] | None:
@@ -248,6 +262,8 @@ class Bench:
         self.api = Api(client, None, (spec.connect_timeout_s, spec.request_timeout_s))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="bench")
         self._bench_nodes_only = False  # set when the bench makes its own nodes
+        self._nodes: list[str] = []
+        self._server_baseline = [0.0, 0.0]  # the API server's (seconds, count) of the baselines' binds
 
     def _create(self, pods: list[dict]) -> list[dict]:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
@@ -279,9 +295,10 @@ class Bench:
                                      "status": {"capacity": alloc, "allocatable": alloc}}, exist_ok=True)
         return names
 
-    def api_baseline(self, n: int, nodes: list[str], report: BenchReport) -> None:
-        """Measurement 1 (module docstring)."""
-        names = [f"bench-api-{self.run_id}-{i:06d}" for i in range(n)]
+    def api_baseline(self, n: int, nodes: list[str], report: BenchReport, phase: str = "before") -> None:
+        """Measurements 1 and 3 (module docstring): ``n`` binds from one client; adds a row to
+        ``report.api_baselines`` and updates the combined figures."""
+        names = [f"bench-api-{self.run_id}-{phase[0]}{i:06d}" for i in range(n)]
         created = self._create([_pod(name, self.namespace, UNSERVED, self._bench_nodes_only) for name in names])
         binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
                              emit_scheduled=False)
@@ -290,13 +307,23 @@ class Bench:
         before = binding_duration(self.api)
         t0 = time.perf_counter()
         results = binder.bind_many(items)
-        report.api_bind_wall_s = time.perf_counter() - t0
-        report.api_server_bind_ms["baseline"] = _mean_ms(before, binding_duration(self.api))
-        report.api_binds = sum(1 for r in results if r.code == 201)
+        wall = time.perf_counter() - t0
+        after = binding_duration(self.api)
+        if before is not None and after is not None:
+            self._server_baseline = [a + (y - x) for a, x, y in zip(self._server_baseline, before, after)]
+            report.api_server_bind_ms["baseline"] = _mean_ms((0.0, 0.0), tuple(self._server_baseline))
+        binds = sum(1 for r in results if r.code == 201)
+        report.api_baselines.append({"phase": phase, "binds": binds, "wall_s": round(wall, 3),
+                                     "binds_per_s": round(binds / wall, 3) if wall else 0.0})
+        report.api_binds += binds
+        report.api_bind_wall_s += wall
         report.api_binds_per_s = report.api_binds / report.api_bind_wall_s if report.api_bind_wall_s else 0.0
+        rates = {b["phase"]: b["binds_per_s"] for b in report.api_baselines}
+        if rates.get("before") and "after" in rates:
+            report.api_drift = rates["after"] / rates["before"]
         bad = [r for r in results if r.code != 201]
         if bad:
-            report.errors.append(f"baseline: {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
+            report.errors.append(f"baseline ({phase}): {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
         self._delete(names)
 
     def prepare(self, n: int, create_nodes: int = 0) -> BenchReport:
@@ -315,8 +342,9 @@ class Bench:
         # the observer watches from before the baseline: its watch then costs the API server the
         # same in both phases (one event per pod created, bound, deleted)
         prefix = f"bench-{self.run_id}-"
+        self._nodes = nodes
         self._start_observer(prefix, n)
-        self.api_baseline(n, nodes, report)
+        self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name, self._bench_nodes_only) for name in self._names])
         self._durations_before = binding_duration(self.api)
@@ -346,7 +374,7 @@ class Bench:
     def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
         """After shardsched started (``started_at``, Unix s, when its start returned; the window
         starts at the first bind seen if that was earlier): wait until every pod is bound (or
-        ``timeout_s``), compute the figures, delete the pods and the nodes made."""
+        ``timeout_s``) and compute shardsched's figures. Then stop the scheduler and call `finish`."""
         n = len(self._names)
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
@@ -364,9 +392,9 @@ class Bench:
             unknown = f"the bench's observer died (exit code {self._observer.exitcode})"
         if unknown:
             report.errors.append(f"{unknown}: shardsched's figures are unknown (not measured), not zero")
-        self._observer.join(10)
-        if self._observer.is_alive():
-            self._observer.kill()
+            self._observer.join(10)
+            if self._observer.is_alive():
+                self._observer.kill()
         report.api_server_bind_ms["shardsched"] = _mean_ms(getattr(self, "_durations_before", None),
                                                            binding_duration(self.api))
         report.bound = len(bound_at)
@@ -380,7 +408,19 @@ class Bench:
         if report.bound < n and not unknown:
             report.errors.append(f"only {report.bound}/{n} pods bound within {timeout_s:.0f} s")
         report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
-        self.cleanup()
+        return report
+
+    def finish(self, report: BenchReport) -> BenchReport:
+        """Once shardsched has stopped: delete its pods, run the second baseline (module docstring)
+        on the same nodes, set the ratio against both baselines, and clean up (`cleanup`)."""
+        try:
+            self._delete(getattr(self, "_names", []))
+            self._names = []
+            if self._nodes and report.api_baselines:
+                self.api_baseline(report.pods, self._nodes, report, "after")
+                report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
+        finally:
+            self.cleanup()
         return report
 
     def cleanup(self) -> None:
