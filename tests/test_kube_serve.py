@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -361,6 +362,56 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     real = api_server.sim.get_pod("default", "a-real-pending-pod")
     assert not real["spec"].get("nodeName")
     assert api_server.events_for("default", "a-real-pending-pod") == []
+
+
+@pytest.mark.parametrize("phase", ["baseline", "scheduling"])
+def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_server, phase):
+    """Ctrl-C while the baseline's binds are in flight (they are cancelled) or while shardsched binds
+    the backlog: serve exits 0 within seconds (not when the phase would have ended), says so, and
+    leaves none of the bench's pods and nodes behind."""
+    real_bind = api_server.sim.bind_many
+    started = threading.Event()
+
+    def slow(bindings):
+        # the 2,000-pod baseline would take ~20 s (0.3 s per bind, 32 in flight); shardsched's
+        # window ~30 s (2 s per bind, up to 128 in flight)
+        is_baseline = bindings[0][1].startswith("bench-api-")
+        if is_baseline == (phase == "baseline"):
+            started.set()
+            time.sleep(0.3 if is_baseline else 2.0)
+        return real_bind(bindings)
+
+    nodes_before = len(api_server.sim.list_nodes()[0])
+    api_server.sim.bind_many = slow
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
+                                 "--mode", "threads", "--redis-url", redis_server.url, "--no-leader-elect",
+                                 "--kube-api-qps", "0", "--metrics-address", "127.0.0.1", "--metrics-port", "0",
+                                 "--bench", "2000", "--bench-nodes", "2"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            assert started.wait(90), f"no bind of the {phase} phase"
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        api_server.sim.bind_many = real_bind
+    assert proc.returncode == 0, out[-3000:]
+    if phase == "baseline":
+        assert "bench interrupted while preparing" in out
+    else:
+        assert "interrupted (SIGINT/SIGTERM) while shardsched ran" in out
+    # the baseline stops at once; shardsched's window ends with the scheduler's orderly stop (binds
+    # in flight get 5 s, then queued Events up to 5 s, then the connection is closed), ~15-20 s
+    # with binds this slow
+    limit = 10 if phase == "baseline" else 40
+    assert took < limit, f"serve took {took:.1f} s to stop after SIGINT: {out[-4000:]}"
+    assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
+    assert len(api_server.sim.list_nodes()[0]) == nodes_before, "the bench's nodes are deleted"
 
 
 # ---------------------------------------------------------------------------------------- envtest

@@ -319,7 +319,7 @@ def serve(**kw) -> None:
         if become_leader.is_set() and not (stop.is_set() or lost.is_set()):
             state.leading = True
             state.runtime = runtime
-            bench, report = _bench_prepare(spec, names[0], kw) if kw["bench_pods"] else (None, None)
+            bench, report = _bench_prepare(spec, names[0], kw, stop) if kw["bench_pods"] else (None, None)
             bench_events = bench  # whose Events to delete once the scheduler has stopped
             if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
                 started_at = time.time()
@@ -365,17 +365,21 @@ def serve(**kw) -> None:
     sys.exit(code)
 
 
-def _bench_prepare(spec, scheduler_name: str, kw: dict):
-    """Baseline and backlog before the scheduler starts (`shardsched.kube.bench`)."""
-    from shardsched.kube.bench import Bench
+def _bench_prepare(spec, scheduler_name: str, kw: dict, stop: threading.Event):
+    """Baseline and backlog before the scheduler starts (`shardsched.kube.bench`); (None, None)
+    when ``stop`` was set meanwhile (everything the bench made is deleted)."""
+    from shardsched.kube.bench import Bench, BenchInterrupted
 
     from shardsched.kube.client import Forbidden
 
-    bench = Bench(spec, scheduler_name, kw["bench_namespace"])
+    bench = Bench(spec, scheduler_name, kw["bench_namespace"], stop=stop)
     try:
         return bench, bench.prepare(kw["bench_pods"], kw["bench_nodes"])
     except Exception as e:
         bench.cleanup()  # whatever failed, nothing of the bench is left behind
+        if isinstance(e, BenchInterrupted):
+            log.warning("bench interrupted while preparing; its pods and nodes were deleted")
+            return None, None
         if isinstance(e, Forbidden):
             denied = str(e).split("; grant it")[0]  # the generic advice names shardsched's service account
             raise Forbidden(f"{denied}. --bench creates and deletes pods (and nodes with --bench-nodes) itself: run "
@@ -419,5 +423,6 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime) -> int:
         click.echo(f"ratio shardsched / API server: {data['ratio']:.2f} ({verdict})")
         for err in data["errors"]:
             click.echo(f"note: {err}", err=True)
-    return 0 if not data["errors"] else 1
+    # interrupted (SIGINT/SIGTERM): exit 0 as serve does, the report says so
+    return 0 if not data["errors"] or bench._stop.is_set() else 1
 

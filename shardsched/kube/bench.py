@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,10 @@ BENCH_TAINT = {"key": "shardsched.io/bench", "value": "true", "effect": "NoSched
 BENCH_LABEL = "shardsched.io/bench"
 #: ``app`` label of every bench pod (the observer's watch selects it; cleanup after a SIGKILL too)
 BENCH_APP = "shardsched-bench"
+
+
+class BenchInterrupted(Exception):
+    """The ``stop`` event of `Bench` was set (SIGINT/SIGTERM) while the bench prepared."""
 
 
 def bench_scheduler_name() -> str:
@@ -250,10 +255,15 @@ class Bench:
         scheduler_name: the schedulerName shardsched serves (its first profile).
         namespace: where the bench pods live (must exist).
         workers: concurrent create/delete/bind requests.
+        stop: set by serve's SIGINT/SIGTERM handler: `prepare` then raises `BenchInterrupted`
+            within a fraction of a second (binds in flight are cancelled), `measure` reports the
+            run as interrupted, and `finish` skips the second baseline; `cleanup` still runs.
     """
 
-    def __init__(self, spec: ClientSpec, scheduler_name: str, namespace: str = "default", workers: int = 32) -> None:
+    def __init__(self, spec: ClientSpec, scheduler_name: str, namespace: str = "default", workers: int = 32,
+                 stop: threading.Event | None = None) -> None:
         self.spec = spec
+        self._stop = stop if stop is not None else threading.Event()
         self.scheduler_name = scheduler_name
         self.namespace = namespace
         self.workers = workers
@@ -265,9 +275,17 @@ class Bench:
         self._nodes: list[str] = []
         self._server_baseline = [0.0, 0.0]  # the API server's (seconds, count) of the baselines' binds
 
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise BenchInterrupted("interrupted")
+
     def _create(self, pods: list[dict]) -> list[dict]:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
-        return list(self.pool.map(lambda p: self.api.request("POST", path, verb="create", resource="pods", body=p), pods))
+
+        def one(pod: dict) -> dict:
+            self._check()  # after a SIGINT the requests not yet sent are not sent
+            return self.api.request("POST", path, verb="create", resource="pods", body=pod)
+        return list(self.pool.map(one, pods))
 
     def _delete(self, names: list[str]) -> None:
         def one(name: str) -> None:
@@ -299,14 +317,29 @@ class Bench:
         """Measurements 1 and 3 (module docstring): ``n`` binds from one client; adds a row to
         ``report.api_baselines`` and updates the combined figures."""
         names = [f"bench-api-{self.run_id}-{phase[0]}{i:06d}" for i in range(n)]
+        self._baseline_names = names  # for `cleanup`, should this be interrupted
         created = self._create([_pod(name, self.namespace, UNSERVED, self._bench_nodes_only) for name in names])
         binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
                  for i, p in enumerate(created)]
         before = binding_duration(self.api)
+        done = threading.Event()
+
+        def cancel_on_stop() -> None:  # a SIGINT cancels the binds in flight (they report NOT_APPLIED)
+            while not done.wait(0.1):
+                if self._stop.is_set():
+                    binder.stop()
+                    return
+        threading.Thread(target=cancel_on_stop, name="bench-cancel", daemon=True).start()
         t0 = time.perf_counter()
-        results = binder.bind_many(items)
+        try:
+            results = binder.bind_many(items)
+        except Exception:
+            self._check()  # cancelled by the stop: BenchInterrupted instead of the connection's error
+            raise
+        finally:
+            done.set()
         wall = time.perf_counter() - t0
         after = binding_duration(self.api)
         if before is not None and after is not None:
@@ -321,10 +354,13 @@ class Bench:
         rates = {b["phase"]: b["binds_per_s"] for b in report.api_baselines}
         if rates.get("before") and "after" in rates:
             report.api_drift = rates["after"] / rates["before"]
+        binder.stop()  # its connections stay closed through shardsched's window
+        self._delete(names)
+        self._baseline_names = []
+        self._check()
         bad = [r for r in results if r.code != 201]
         if bad:
             report.errors.append(f"baseline ({phase}): {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
-        self._delete(names)
 
     def prepare(self, n: int, create_nodes: int = 0) -> BenchReport:
         """Before shardsched starts: nodes (``create_nodes`` new ones if asked), the API server
@@ -343,6 +379,7 @@ class Bench:
         # same in both phases (one event per pod created, bound, deleted)
         prefix = f"bench-{self.run_id}-"
         self._nodes = nodes
+        self._check()
         self._start_observer(prefix, n)
         self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
@@ -361,8 +398,11 @@ class Bench:
         self._observer.start()
         child.close()  # the child's end: a dead child then reads as EOF here
         try:
-            if not self._conn.poll(120):
-                raise TimeoutError("the bench's observer did not list the pods within 120 s")
+            deadline = time.monotonic() + 120
+            while not self._conn.poll(0.2):
+                self._check()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the bench's observer did not list the pods within 120 s")
             msg, arg = self._conn.recv()
         except EOFError:
             self._observer.join(5)
@@ -381,12 +421,18 @@ class Bench:
         unknown = ""
         try:
             self._conn.send(("go", timeout_s))
-            if self._conn.poll(timeout_s + 30):
+            deadline = time.monotonic() + timeout_s + 30
+            while not self._conn.poll(0.2):
+                if self._stop.is_set():
+                    unknown = "interrupted (SIGINT/SIGTERM) while shardsched ran"
+                    break
+                if time.monotonic() > deadline:
+                    unknown = "the bench's observer did not answer"
+                    break
+            else:
                 msg, arg = self._conn.recv()
                 if msg == "done":
                     bound_at, created_at = arg
-            else:
-                unknown = "the bench's observer did not answer"
         except (EOFError, OSError):
             self._observer.join(5)
             unknown = f"the bench's observer died (exit code {self._observer.exitcode})"
@@ -416,7 +462,7 @@ class Bench:
         try:
             self._delete(getattr(self, "_names", []))
             self._names = []
-            if self._nodes and report.api_baselines:
+            if self._nodes and report.api_baselines and not self._stop.is_set():
                 self.api_baseline(report.pods, self._nodes, report, "after")
                 report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
         finally:
@@ -424,7 +470,8 @@ class Bench:
         return report
 
     def cleanup(self) -> None:
-        """Stop the observer, delete the bench pods and the nodes made (best effort)."""
+        """Stop the observer, delete the bench pods (also those of a baseline that was interrupted)
+        and the nodes made (best effort)."""
         observer = getattr(self, "_observer", None)
         if observer is not None and observer.is_alive():
             try:
@@ -434,7 +481,8 @@ class Bench:
             observer.join(5)
             if observer.is_alive():
                 observer.kill()
-        self._delete(getattr(self, "_names", []))
+        self._delete(getattr(self, "_names", []) + getattr(self, "_baseline_names", []))
+        self._names, self._baseline_names = [], []
         for name in getattr(self, "_made_nodes", []):
             try:
                 self.api.request("DELETE", f"/api/v1/nodes/{name}", verb="delete", resource="nodes")
