@@ -802,3 +802,36 @@ def test_failed_binds_are_logged_at_most_once_per_period(ledger, caplog):
     lines = [r.getMessage() for r in caplog.records if "bind(s) failed" in r.getMessage()]
     assert len(lines) == 1 and "1 bind(s) failed" in lines[0] and "500" in lines[0]
     assert shard.stats.bind_errors == 6
+
+
+def test_a_stopping_shard_does_not_wait_for_a_binding_cycle_to_start_another(ledger):
+    """stop() while the shard waits for a free binding cycle: the waiting batch is not bound (its
+    reservations and leases are released, its pods go back to the queue) and the step returns at
+    once instead of after the binds in flight; those still end bound."""
+    cluster = cluster_of(4, 4, node_cpu="2", pod_cpu="1")
+    publish(ledger, cluster, A)
+    gate = threading.Event()
+    real_bind = cluster.bind_many
+
+    def gated(bindings):
+        gate.wait(30)
+        return real_bind(bindings)
+
+    cluster.bind_many = gated
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, batch_size=2, binding_cycles=1)
+    assert shard.step() == 2  # the first batch binds in the background, held at the gate
+    shard.stop()
+    t0 = time.monotonic()
+    assert shard.step() == 2  # the second batch: scheduled and reserved, then rolled back
+    assert time.monotonic() - t0 < 5, "the step waited for the binding cycle in flight"
+    waiting = [p for p in shard.pending_keys() if p not in shard.queue.in_flight]
+    assert len(waiting) == 2
+    uids = [uid_of(cluster, key.split("/")[1]) for key in waiting]
+    assert all(shard.table.node_of(uid) is None and lease_is_free(ledger, uid) for uid in uids)
+    gate.set()
+    shard.run_forever()  # stopped: returns once the first batch's binding cycle is applied
+    assert len(bound_keys(cluster)) == 2 and not set(waiting) & bound_keys(cluster)
+    assert_cluster_safe(cluster)
+    assert_ledger_matches_cluster(ledger, cluster)
+    assert_no_pod_lost(cluster, [shard], rebalancer)

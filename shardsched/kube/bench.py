@@ -438,6 +438,10 @@ class Bench:
             unknown = f"the bench's observer died (exit code {self._observer.exitcode})"
         if unknown:
             report.errors.append(f"{unknown}: shardsched's figures are unknown (not measured), not zero")
+            try:
+                self._conn.send(("stop", None))
+            except OSError:
+                pass
             self._observer.join(10)
             if self._observer.is_alive():
                 self._observer.kill()

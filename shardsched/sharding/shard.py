@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -440,9 +440,18 @@ class Shard:
     # ------------------------------------------------------------------ the binding cycle in the background
     def _start_binding(self, to_bind, started: float) -> None:
         """Run the batch's Permit + bind requests in the background, after waiting for the oldest
-        binding cycle when ``binding_cycles`` are already running."""
+        binding cycle when ``binding_cycles`` are already running. If `stop` is called meanwhile,
+        the batch is not bound: its reservations and leases are released and its pods go back to
+        the queue (a stop then waits only for the binds already sent, not for a whole batch more)."""
         while len(self._binding) >= self.options.binding_cycles:
-            self._reap_bindings(block=True, at_most=1)
+            if self._stop.is_set():
+                for q, r, tok in to_bind:
+                    self._rollback(q, r.node, tok, release=True)
+                    q.last_failure_reason = "the shard stopped before binding"
+                    self.queue.requeue_backoff(q)
+                return
+            wait_futures([self._binding[0][0]], timeout=0.1)
+            self._reap_bindings(block=False, at_most=1)
         if self._bind_pool is None:
             self._bind_pool = ThreadPoolExecutor(self.options.binding_cycles, thread_name_prefix=f"binding-{self.index}")
         self._binding.append((self._bind_pool.submit(self._binding_io, to_bind), to_bind, started))
