@@ -424,5 +424,5 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime) -> int:
         for err in data["errors"]:
             click.echo(f"note: {err}", err=True)
     # interrupted (SIGINT/SIGTERM): exit 0 as serve does, the report says so
-    return 0 if not data["errors"] or bench._stop.is_set() else 1
+    return 0 if not data["errors"] or bench.interrupted else 1
 

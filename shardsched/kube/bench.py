@@ -275,6 +275,11 @@ class Bench:
         self._nodes: list[str] = []
         self._server_baseline = [0.0, 0.0]  # the API server's (seconds, count) of the baselines' binds
 
+    @property
+    def interrupted(self) -> bool:
+        """True once the ``stop`` event is set."""
+        return self._stop.is_set()
+
     def _check(self) -> None:
         if self._stop.is_set():
             raise BenchInterrupted("interrupted")
