@@ -364,21 +364,27 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     assert api_server.events_for("default", "a-real-pending-pod") == []
 
 
-@pytest.mark.parametrize("phase", ["baseline", "scheduling"])
+def _bench_phase(pod_name: str) -> str:
+    """Which phase of `serve --bench` binds this pod (names from `shardsched.kube.bench`)."""
+    if not pod_name.startswith("bench-api-"):
+        return "scheduling"
+    return "baseline" if pod_name.split("-")[3].startswith("b") else "second baseline"
+
+
+@pytest.mark.parametrize("phase", ["baseline", "scheduling", "second baseline"])
 def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_server, phase):
-    """Ctrl-C while the baseline's binds are in flight (they are cancelled) or while shardsched binds
+    """Ctrl-C while a baseline's binds are in flight (they are cancelled) or while shardsched binds
     the backlog: serve exits 0 within seconds (not when the phase would have ended), says so, and
     leaves none of the bench's pods and nodes behind."""
     real_bind = api_server.sim.bind_many
     started = threading.Event()
 
     def slow(bindings):
-        # the 2,000-pod baseline would take ~20 s (0.3 s per bind, 32 in flight); shardsched's
+        # a 2,000-pod baseline would take ~20 s (0.3 s per bind, 32 in flight); shardsched's
         # window ~30 s (2 s per bind, up to 128 in flight)
-        is_baseline = bindings[0][1].startswith("bench-api-")
-        if is_baseline == (phase == "baseline"):
+        if _bench_phase(bindings[0][1]) == phase:
             started.set()
-            time.sleep(0.3 if is_baseline else 2.0)
+            time.sleep(2.0 if phase == "scheduling" else 0.3)
         return real_bind(bindings)
 
     nodes_before = len(api_server.sim.list_nodes()[0])
@@ -401,16 +407,33 @@ def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_serve
     finally:
         api_server.sim.bind_many = real_bind
     assert proc.returncode == 0, out[-3000:]
-    if phase == "baseline":
-        assert "bench interrupted while preparing" in out
-    else:
-        assert "interrupted (SIGINT/SIGTERM) while shardsched ran" in out
+    expected = {"baseline": "bench interrupted while preparing",
+                "scheduling": "interrupted (SIGINT/SIGTERM) while shardsched ran",
+                "second baseline": "interrupted (SIGINT/SIGTERM) during the second baseline"}[phase]
+    assert expected in out
+    if phase == "scheduling":
+        assert "interrupted before its 2000 pods were bound: not measured" in out
+        assert "ratio shardsched / API server: not measured (interrupted)" in out
     # the baseline stops at once; shardsched's window ends with the scheduler's orderly stop (binds
     # in flight get 5 s, then the connection is closed), ~9 s in all with binds this slow
-    limit = 10 if phase == "baseline" else 20
+    limit = 20 if phase == "scheduling" else 10
     assert took < limit, f"serve took {took:.1f} s to stop after SIGINT: {out[-4000:]}"
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
     assert len(api_server.sim.list_nodes()[0]) == nodes_before, "the bench's nodes are deleted"
+
+
+def test_serve_bench_on_a_cluster_without_nodes_stops_before_scheduling(redis_server, tmp_path):
+    """Nothing to measure: a clear error, exit 1, no scheduler started, nothing left behind."""
+    with SimApiServer(SimCluster(), token="tok-" + uuid.uuid4().hex) as srv:
+        kc = srv.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kc, "--mode",
+                               "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
+                               "127.0.0.1", "--metrics-port", "0", "--bench", "50"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 1
+        assert "--bench: the cluster has no nodes (use --bench-nodes K to create some)" in proc.stderr
+        assert "scheduling pods of" not in proc.stderr
+        assert not [p for p in srv.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
 
 
 # ---------------------------------------------------------------------------------------- envtest

@@ -207,7 +207,8 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
 @click.option("--bench-nodes", type=click.IntRange(0), default=0, show_default=True,
               help="Create this many nodes for the benchmark first and report them Ready, as a kubelet "
                    "would (for an API server without kubelets); they are deleted at the end.")
-@click.option("--bench-timeout", type=float, default=300.0, show_default=True)
+@click.option("--bench-timeout", type=click.FloatRange(min=1.0), default=300.0, show_default=True,
+              help="Seconds to wait for shardsched to bind the bench's pods.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def serve(**kw) -> None:
     """Schedule the pods of a Kubernetes cluster whose spec.schedulerName is one of the profiles.
@@ -374,7 +375,10 @@ def _bench_prepare(spec, scheduler_name: str, kw: dict, stop: threading.Event):
 
     bench = Bench(spec, scheduler_name, kw["bench_namespace"], stop=stop)
     try:
-        return bench, bench.prepare(kw["bench_pods"], kw["bench_nodes"])
+        report = bench.prepare(kw["bench_pods"], kw["bench_nodes"])
+        if not report.api_binds and report.errors:  # nothing to measure (no nodes): no scheduler to start
+            raise PermanentError(f"--bench: {'; '.join(report.errors)}")
+        return bench, report
     except Exception as e:
         bench.cleanup()  # whatever failed, nothing of the bench is left behind
         if isinstance(e, BenchInterrupted):
@@ -405,8 +409,11 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime) -> int:
         click.echo(json.dumps(data, indent=2))
     else:
         lat = data["latency_ms"] or {"p50": 0.0, "p99": 0.0}
-        click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
-                   f"{data['pods_per_s']:.1f} pods/s; pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
+        if data["interrupted"] and not data["bound"]:
+            click.echo(f"shardsched: interrupted before its {data['pods']} pods were bound: not measured")
+        else:
+            click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
+                       f"{data['pods_per_s']:.1f} pods/s; pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
         phases = ", ".join(f"{b['phase']} {b['binds_per_s']:.1f}" for b in data["api_baselines"])
         click.echo(f"API server: {data['api_binds']} binds from one client in {data['api_bind_wall_s']:.2f} s = "
                    f"{data['api_binds_per_s']:.1f} binds/s (binds/s before and after shardsched's window: {phases})")
@@ -418,9 +425,12 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime) -> int:
         if server["baseline"] is not None and server["shardsched"] is not None:
             click.echo(f"API server's own time per bind (apiserver_request_duration_seconds): {server['baseline']:.1f} ms "
                        f"during the baseline, {server['shardsched']:.1f} ms while shardsched ran")
-        verdict = ("target met: the API server is the limit" if data["ratio"] >= 0.9 else
-                   "below the 0.9 target: shardsched, or the machine they share, is the limit")
-        click.echo(f"ratio shardsched / API server: {data['ratio']:.2f} ({verdict})")
+        if data["interrupted"] and not data["bound"]:
+            click.echo("ratio shardsched / API server: not measured (interrupted)")
+        else:
+            verdict = ("target met: the API server is the limit" if data["ratio"] >= 0.9 else
+                       "below the 0.9 target: shardsched, or the machine they share, is the limit")
+            click.echo(f"ratio shardsched / API server: {data['ratio']:.2f} ({verdict})")
         for err in data["errors"]:
             click.echo(f"note: {err}", err=True)
     # interrupted (SIGINT/SIGTERM): exit 0 as serve does, the report says so

@@ -93,6 +93,9 @@ class BenchReport:
     api_baselines: list = field(default_factory=list)
     #: after / before binds per second (1.0 = no drift); None until both ran
     api_drift: float | None = None
+    #: stopped by SIGINT/SIGTERM: shardsched's figures are not measured when that happened in its
+    #: window (``bound`` and the rates then read 0, not measured), see ``errors``
+    interrupted: bool = False
     #: the API server's own mean time per ``pods/binding`` request (ms) during the baselines and
     #: during shardsched's window, from its ``apiserver_request_duration_seconds`` (all clients'
     #: binds in that window); None when its /metrics cannot be read
@@ -311,7 +314,10 @@ class Bench:
         self._bench_nodes_only = True
         names = [f"shardsched-bench-node-{i:04d}" for i in range(count)]
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
+        self._made_nodes = made = []  # as they are made: an interrupted run deletes those
         for name in names:
+            self._check()
+            made.append(name)
             register_node(self.api, {"apiVersion": "v1", "kind": "Node",
                                      "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
                                      "spec": {"taints": [dict(BENCH_TAINT)]},
@@ -346,6 +352,7 @@ class Bench:
         finally:
             done.set()
         wall = time.perf_counter() - t0
+        self._check()  # a cancelled baseline is not counted (`cleanup` deletes its pods)
         after = binding_duration(self.api)
         if before is not None and after is not None:
             self._server_baseline = [a + (y - x) for a, x, y in zip(self._server_baseline, before, after)]
@@ -430,6 +437,7 @@ class Bench:
             while not self._conn.poll(0.2):
                 if self._stop.is_set():
                     unknown = "interrupted (SIGINT/SIGTERM) while shardsched ran"
+                    report.interrupted = True
                     break
                 if time.monotonic() > deadline:
                     unknown = "the bench's observer did not answer"
@@ -472,7 +480,12 @@ class Bench:
             self._delete(getattr(self, "_names", []))
             self._names = []
             if self._nodes and report.api_baselines and not self._stop.is_set():
-                self.api_baseline(report.pods, self._nodes, report, "after")
+                try:
+                    self.api_baseline(report.pods, self._nodes, report, "after")
+                except BenchInterrupted:
+                    report.interrupted = True
+                    report.errors.append("interrupted (SIGINT/SIGTERM) during the second baseline: shardsched is "
+                                         "compared with the first alone")
                 report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
         finally:
             self.cleanup()
