@@ -109,6 +109,10 @@ def test_watch_survives_garbage_errors_and_cuts_without_losing_events(server, cl
     assert names == [f"p{i}" for i in range(5)]
     watches = cluster.health()["watches"]
     assert all(w["lists"] == 1 for w in watches.values()), "no relist was needed"
+    # one garbage answer and one 500, nothing more: the rest of the garbage answer was not read as
+    # the start of the next answer on the same pooled connection
+    assert sum(w["garbage"] for w in watches.values()) == 1
+    assert sum(w["errors"] for w in watches.values()) == 2, watches
 
 
 def test_a_watch_event_with_an_escaped_lone_surrogate_is_read(server, cluster):

@@ -378,6 +378,7 @@ class Reflector:
         # health stops reporting it (it stays in `history`)
         self.stats.last_error_permanent = self.stats.failing = False
         applied = 0
+        read_to_end = False
         try:
             if self._stop.is_set():  # stopped while connecting
                 return 0
@@ -410,6 +411,7 @@ class Reflector:
                 applied += 1
                 self.stats.events += 1
                 self.rv = self.stats.rv = str(new_rv)
+            read_to_end = True
         except (urllib3.exceptions.HTTPError, OSError) as e:
             if not self._stop.is_set():
                 log.info("%s: watch connection lost (%s); resuming from resourceVersion %s", self.spec.name,
@@ -417,6 +419,10 @@ class Reflector:
         finally:
             self._resp = None
             try:
+                if not read_to_end:
+                    # left mid-stream (an ERROR event, a bad line, a stop): the rest of the stream
+                    # must not be read as the start of the next answer on this pooled connection
+                    resp.close()
                 resp.release_conn()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass

@@ -321,7 +321,7 @@ class SimApiServer:
                 return False
             fault.times -= 1
         if fault.action == "garbage":
-            h.reply(200, None, raw=b"<html><body>502 Bad Gateway (garbage from a proxy)</body></html>")
+            h.reply(200, None, raw=b"<html>\n<body>502 Bad Gateway (garbage from a proxy)</body>\n</html>\n")
         elif fault.action == "drop":
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
