@@ -351,6 +351,7 @@ class Bench:
             raise
         finally:
             done.set()
+            binder.stop()  # its connections stay closed through shardsched's window
         wall = time.perf_counter() - t0
         self._check()  # a cancelled baseline is not counted (`cleanup` deletes its pods)
         after = binding_duration(self.api)
@@ -366,7 +367,6 @@ class Bench:
         rates = {b["phase"]: b["binds_per_s"] for b in report.api_baselines}
         if rates.get("before") and "after" in rates:
             report.api_drift = rates["after"] / rates["before"]
-        binder.stop()  # its connections stay closed through shardsched's window
         self._delete(names)
         self._baseline_names = []
         self._check()
@@ -410,11 +410,10 @@ class Bench:
         self._observer.start()
         child.close()  # the child's end: a dead child then reads as EOF here
         try:
-            deadline = time.monotonic() + 120
-            while not self._conn.poll(0.2):
-                self._check()
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the bench's observer did not list the pods within 120 s")
+            waited = self._wait_observer(120)
+            self._check()
+            if waited == "timeout":
+                raise TimeoutError("the bench's observer did not list the pods within 120 s")
             msg, arg = self._conn.recv()
         except EOFError:
             self._observer.join(5)
@@ -422,6 +421,17 @@ class Bench:
                                f"{self._observer.exitcode}; a Python error, if any, is printed above)") from None
         if msg != "ready":
             raise RuntimeError(f"the bench's observer could not list the pods: {arg}")
+
+    def _wait_observer(self, timeout_s: float) -> str:
+        """Wait for the observer's next message: "ready" when it can be read, "stopped" when the
+        stop event was set first, "timeout" after ``timeout_s``. Raises: EOFError (observer gone)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._conn.poll(0.2):
+            if self._stop.is_set():
+                return "stopped"
+            if time.monotonic() > deadline:
+                return "timeout"
+        return "ready"
 
     def measure(self, report: BenchReport, started_at: float, timeout_s: float) -> BenchReport:
         """After shardsched started (``started_at``, Unix s, when its start returned; the window
@@ -433,15 +443,12 @@ class Bench:
         unknown = ""
         try:
             self._conn.send(("go", timeout_s))
-            deadline = time.monotonic() + timeout_s + 30
-            while not self._conn.poll(0.2):
-                if self._stop.is_set():
-                    unknown = "interrupted (SIGINT/SIGTERM) while shardsched ran"
-                    report.interrupted = True
-                    break
-                if time.monotonic() > deadline:
-                    unknown = "the bench's observer did not answer"
-                    break
+            waited = self._wait_observer(timeout_s + 30)
+            if waited == "stopped":
+                unknown = "interrupted (SIGINT/SIGTERM) while shardsched ran"
+                report.interrupted = True
+            elif waited == "timeout":
+                unknown = "the bench's observer did not answer"
             else:
                 msg, arg = self._conn.recv()
                 if msg == "done":
