@@ -292,14 +292,14 @@ def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_ser
     assert lease["spec"]["leaseTransitions"] == 1, "created (0), released, taken over by the standby (1)"
 
 
-def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> dict:
-    """``serve --bench`` as a user runs it; returns its JSON report."""
+def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> tuple[dict, str]:
+    """``serve --bench`` as a user runs it; returns its JSON report and its log (stderr)."""
     proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
                            "--mode", "threads", "--redis-url", redis_url, "--no-leader-elect", "--kube-api-qps", "0",
                            "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", str(pods), "--bench-nodes", str(nodes),
                            "--bench-timeout", "120", "-o", "json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return json.loads(proc.stdout), proc.stderr
 
 
 def check_bench_report(report: dict, pods: int) -> None:
@@ -320,7 +320,18 @@ def check_bench_report(report: dict, pods: int) -> None:
 
 def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, redis_server):
     """The benchmark mode: nodes made Ready for a kubelet-less API server, the API server's own
-    binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind."""
+    binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind; a
+    node and a pod left by an earlier run killed with SIGKILL are named in a warning, and neither
+    used nor deleted."""
+    left = node("shardsched-bench-node-0000", cpu="1000", pods=10000)  # the naming of older versions
+    left["metadata"]["labels"]["shardsched.io/bench"] = "true"
+    left["spec"]["taints"] = [{"key": "shardsched.io/bench", "value": "true", "effect": "NoSchedule"}]
+    api_server.sim.create_nodes([left])
+    old_pod = pod("bench-0a0a0a-000000", cpu="1m")
+    old_pod["metadata"].pop("uid")
+    old_pod["metadata"]["labels"] = {"app": "shardsched-bench"}
+    old_pod["spec"]["nodeName"] = left["metadata"]["name"]
+    api_server.sim.create_pods([old_pod])
     before = len(api_server.sim.list_nodes()[0])
     assert before > 0  # the cluster's own nodes, which the bench must not use
     create(api_server.sim, "a-real-pending-pod")  # of the profile the bench is run for
@@ -343,16 +354,21 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     api_server.sim.bind_many = recording
     api_server.sim.record_event = record_event
     try:
-        report = run_bench(kubeconfig, redis_server.url, 150, 4)
+        report, log = run_bench(kubeconfig, redis_server.url, 150, 4)
     finally:
         api_server.sim.bind_many = real_bind
         api_server.sim.record_event = real_record
     check_bench_report(report, 150)
-    # baselines and measured pods went onto the bench's own nodes only
-    assert len(targets) >= 450 and all(t.startswith("shardsched-bench-node-") for t in targets)
+    # baselines and measured pods went onto this run's own nodes only
+    assert len(targets) >= 450 and len({t.rsplit("-node-", 1)[0] for t in targets}) == 1
+    assert all(t.startswith("shardsched-bench-") and t != "shardsched-bench-node-0000" for t in targets)
+    assert ("1 node(s) and 1 pod(s) of an earlier bench run are still in the cluster" in log
+            and "kubectl delete nodes -l shardsched.io/bench" in log), log[-3000:]
+    assert api_server.sim.get_pod("default", "bench-0a0a0a-000000")["spec"]["nodeName"] == "shardsched-bench-node-0000"
     assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
-    assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
+    assert [p["metadata"]["name"] for p in api_server.sim.list_pods()[0]
+            if p["metadata"]["name"].startswith("bench-")] == ["bench-0a0a0a-000000"]
     # the Scheduled Events of the measured pods were written (the simulated cluster's record keeps
     # them), then deleted from the API server once the scheduler had stopped
     assert set(scheduled) == set(names_bound) and len(names_bound) == 150
@@ -436,6 +452,42 @@ def test_serve_bench_on_a_cluster_without_nodes_stops_before_scheduling(redis_se
         assert not [p for p in srv.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
 
 
+def test_serve_bench_says_at_once_when_its_pods_cannot_all_fit(redis_server, tmp_path):
+    """Nodes shardsched must refuse (a not-ready taint) or too small for the backlog: the bench says
+    so before measuring, with the scheduler's own reason, instead of waiting for --bench-timeout
+    (the baseline, which binds without asking the plugins, would have passed)."""
+    sim = SimCluster()
+    not_ready = node("not-ready", cpu="8")
+    not_ready["spec"]["taints"] = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    sim.create_nodes([not_ready])
+    with SimApiServer(sim, token="tok-" + uuid.uuid4().hex) as srv:
+        kc = srv.write_kubeconfig(str(tmp_path / "kubeconfig"))
+
+        def bench(pods: int) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kc, "--mode",
+                                   "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
+                                   "127.0.0.1", "--metrics-port", "0", "--bench", str(pods)], capture_output=True,
+                                  text=True, timeout=120)
+        proc = bench(50)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert ("--bench: only 0 of the 50 bench pods fit the nodes, shardsched would leave the rest pending: "
+                "0/1 nodes are available: 1 node(s) had untolerated taint") in proc.stderr, proc.stderr[-3000:]
+        assert "node.kubernetes.io/not-ready" in proc.stderr and "use --bench-nodes K" in proc.stderr
+        small = node("small", cpu="8", pods=10)
+        sim.create_nodes([small])
+        existing = pod("running", cpu="1")
+        existing["metadata"].pop("uid")
+        existing["spec"]["nodeName"] = "small"
+        sim.create_pods([existing])
+        proc = bench(50)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "only 9 of the 50 bench pods fit the nodes" in proc.stderr, proc.stderr[-3000:]
+        assert "pass --bench 9 or fewer" in proc.stderr
+        assert "scheduling pods of" not in proc.stderr
+        # nothing measured, nothing bound, nothing left
+        assert [p["metadata"]["name"] for p in sim.list_pods()[0]] == ["running"]
+
+
 # ---------------------------------------------------------------------------------------- envtest
 @pytest.fixture(scope="module")
 def plane():
@@ -483,7 +535,7 @@ def test_envtest_serve_and_leader_election(plane, redis_server, processes):
 
 def test_envtest_serve_bench(plane, redis_server):
     """`serve --bench` against the real API server (as its admin: the bench creates nodes)."""
-    report = run_bench(plane.kubeconfig("admin"), redis_server.url, 200, 4)
+    report, _ = run_bench(plane.kubeconfig("admin"), redis_server.url, 200, 4)
     check_bench_report(report, 200)
     # the real API server's own time per bind, read from its /metrics in both phases
     assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0

@@ -98,6 +98,26 @@ def test_missing_unreadable_and_invalid_kubeconfigs_are_permanent_errors(tmp_pat
     empty.write_text("apiVersion: v1\nkind: Config\n")
     with pytest.raises(PermanentError, match="empty"):
         ClientSpec(kubeconfig=str(empty)).configuration()
+    scalar = tmp_path / "scalar"
+    scalar.write_text("just some words\n")
+    with pytest.raises(PermanentError, match=r"scalar: not a kubeconfig: its YAML is a str, expected a mapping"):
+        ClientSpec(kubeconfig=str(scalar)).configuration()
+    listed = tmp_path / "listed"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(PermanentError, match=r"listed: not a kubeconfig: its YAML is a list"):
+        ClientSpec(kubeconfig=str(listed)).configuration()
+    broken = tmp_path / "broken"
+    broken.write_text("apiVersion: v1\nclusters:\n- cluster: {server: [\n")
+    with pytest.raises(PermanentError, match=r"broken: not valid YAML at line \d+, column \d+"):
+        ClientSpec(kubeconfig=str(broken)).configuration()
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(PermanentError, match="binary: not a text file"):
+        ClientSpec(kubeconfig=str(binary)).configuration()
+    blank = tmp_path / "blank"
+    blank.write_text("")
+    with pytest.raises(PermanentError, match="blank: the file is empty"):
+        ClientSpec(kubeconfig=str(blank)).configuration()
     if os.geteuid() != 0:  # root reads anything
         locked = tmp_path / "locked"
         locked.write_text("x")

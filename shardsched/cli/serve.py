@@ -320,7 +320,7 @@ def serve(**kw) -> None:
         if become_leader.is_set() and not (stop.is_set() or lost.is_set()):
             state.leading = True
             state.runtime = runtime
-            bench, report = _bench_prepare(spec, names[0], kw, stop) if kw["bench_pods"] else (None, None)
+            bench, report = _bench_prepare(spec, config, kw, stop) if kw["bench_pods"] else (None, None)
             bench_events = bench  # whose Events to delete once the scheduler has stopped
             if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
                 started_at = time.time()
@@ -366,14 +366,14 @@ def serve(**kw) -> None:
     sys.exit(code)
 
 
-def _bench_prepare(spec, scheduler_name: str, kw: dict, stop: threading.Event):
+def _bench_prepare(spec, config, kw: dict, stop: threading.Event):
     """Baseline and backlog before the scheduler starts (`shardsched.kube.bench`); (None, None)
     when ``stop`` was set meanwhile (everything the bench made is deleted)."""
     from shardsched.kube.bench import Bench, BenchInterrupted
 
     from shardsched.kube.client import Forbidden
 
-    bench = Bench(spec, scheduler_name, kw["bench_namespace"], stop=stop)
+    bench = Bench(spec, config.profiles[0].scheduler_name, kw["bench_namespace"], stop=stop, config=config)
     try:
         report = bench.prepare(kw["bench_pods"], kw["bench_nodes"])
         if not report.api_binds and report.errors:  # nothing to measure (no nodes): no scheduler to start

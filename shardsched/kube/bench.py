@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardsched.errors import PermanentError
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec
@@ -61,6 +62,9 @@ UNSERVED = "shardsched-bench-unserved"
 BENCH_TAINT = {"key": "shardsched.io/bench", "value": "true", "effect": "NoSchedule"}
 #: label of the nodes the bench creates; the bench's pods then select them (nodeSelector)
 BENCH_LABEL = "shardsched.io/bench"
+#: label naming the run that made a node (its value is `Bench.run_id`); the run's pods select it, so
+#: that nodes left by an interrupted run are neither used nor deleted by the next
+BENCH_RUN_LABEL = "shardsched.io/bench-run"
 #: ``app`` label of every bench pod (the observer's watch selects it; cleanup after a SIGKILL too)
 BENCH_APP = "shardsched-bench"
 
@@ -106,13 +110,15 @@ class BenchReport:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _pod(name: str, namespace: str, scheduler_name: str, bench_nodes_only: bool = False) -> dict:
+def _pod(name: str, namespace: str, scheduler_name: str, run_nodes: str | None = None) -> dict:
+    """A bench pod; ``run_nodes``: the run id whose nodes alone it may go onto (nodeSelector), or
+    None for any node."""
     spec = {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
             "tolerations": [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
                             "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}
-    if bench_nodes_only:  # only onto the nodes the bench made, never the cluster's own
-        spec["nodeSelector"] = {BENCH_LABEL: "true"}
+    if run_nodes:  # only onto the nodes this run made, never the cluster's own nor another run's
+        spec["nodeSelector"] = {BENCH_LABEL: "true", BENCH_RUN_LABEL: run_nodes}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": BENCH_APP},
                          "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
@@ -258,14 +264,17 @@ class Bench:
         scheduler_name: the schedulerName shardsched serves (its first profile).
         namespace: where the bench pods live (must exist).
         workers: concurrent create/delete/bind requests.
+        config: the `SchedulerConfiguration` shardsched runs (a profile named ``scheduler_name``):
+            `prepare` then checks that the bench's pods fit (`check_fit`); None skips that check.
         stop: set by serve's SIGINT/SIGTERM handler: `prepare` then raises `BenchInterrupted`
             within a fraction of a second (binds in flight are cancelled), `measure` reports the
             run as interrupted, and `finish` skips the second baseline; `cleanup` still runs.
     """
 
     def __init__(self, spec: ClientSpec, scheduler_name: str, namespace: str = "default", workers: int = 32,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, config=None) -> None:
         self.spec = spec
+        self.config = config
         self._stop = stop if stop is not None else threading.Event()
         self.scheduler_name = scheduler_name
         self.namespace = namespace
@@ -274,7 +283,7 @@ class Bench:
         client = spec.api_client(pool_size=workers + 4)
         self.api = Api(client, None, (spec.connect_timeout_s, spec.request_timeout_s))
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="bench")
-        self._bench_nodes_only = False  # set when the bench makes its own nodes
+        self._run_nodes: str | None = None  # the run id once the bench makes its own nodes
         self._nodes: list[str] = []
         self._server_baseline = [0.0, 0.0]  # the API server's (seconds, count) of the baselines' binds
 
@@ -304,24 +313,100 @@ class Bench:
                 log.debug("delete %s: %s", name, e)
         list(self.pool.map(one, names))
 
+    def _list(self, path: str, resource: str, **selectors: str) -> list[dict]:
+        query = [(k, v) for k, v in (("labelSelector", selectors.get("label")),
+                                     ("fieldSelector", selectors.get("field"))) if v]
+        data = self.api.request("GET", path, verb="list", resource=resource, query=query or None)
+        return list(data.get("items") or [])
+
     def nodes(self) -> list[str]:
-        data = self.api.request("GET", "/api/v1/nodes", verb="list", resource="nodes")
-        return [n["metadata"]["name"] for n in data.get("items") or []]
+        return [n["metadata"]["name"] for n in self._list("/api/v1/nodes", "nodes")]
+
+    def warn_leftovers(self) -> tuple[int, int]:
+        """Log a warning when nodes or pods of an earlier bench run are still there (a run killed
+        with SIGKILL cannot clean up): this run neither uses nor deletes them, the warning gives the
+        commands that do. Returns (nodes, pods) found; (0, 0) when they cannot be listed."""
+        try:
+            nodes = self._list("/api/v1/nodes", "nodes", label=BENCH_LABEL)
+            pods = self._list(f"/api/v1/namespaces/{self.namespace}/pods", "pods", label=f"app={BENCH_APP}")
+        except Exception as e:  # noqa: BLE001 - only a warning
+            log.debug("bench leftovers: %s", e)
+            return 0, 0
+        if nodes or pods:
+            log.warning("bench: %d node(s) and %d pod(s) of an earlier bench run are still in the cluster (a run "
+                        "stopped by SIGKILL cannot clean up); this run leaves them alone. Delete them with: "
+                        "kubectl delete pods -n %s -l app=%s; kubectl delete nodes -l %s",
+                        len(nodes), len(pods), self.namespace, BENCH_APP, BENCH_LABEL)
+        return len(nodes), len(pods)
+
+    def check_fit(self, n: int, config, nodes: list[str]) -> None:
+        """Before anything is measured: place ``n`` bench pods, as shardsched's Filter and Score
+        plugins of ``config``'s bench profile would, onto ``nodes`` (their current objects, with the
+        pods already bound to them counted), so that a cluster where they cannot all go (a
+        ``node.kubernetes.io/not-ready`` taint, a full node, a cordon) is said at once instead of
+        after ``--bench-timeout``. The baseline binds without asking the plugins; shardsched would
+        leave those pods pending.
+
+        Raises: PermanentError with the count that fits and the scheduler's own
+            ``0/N nodes are available: ...`` message (the FailedScheduling Event it would write).
+        """
+        from shardsched.api.objects import InvalidObjectError, NodeInfo, PodInfo
+        from shardsched.cache.node_table import NodeTable, PodUsage
+        from shardsched.scheduler.whatif import build_schedulers
+
+        wanted = set(nodes)
+        infos, skipped = [], []
+        for obj in self._list("/api/v1/nodes", "nodes"):
+            if obj["metadata"]["name"] not in wanted:
+                continue
+            try:
+                infos.append(NodeInfo.from_object(obj))
+            except InvalidObjectError as e:
+                skipped.append(f"{obj['metadata']['name']}: {e}")
+        table = NodeTable()
+        table.add_nodes(infos)
+        if self._run_nodes is None:  # the cluster's own nodes: what is bound to them counts
+            active = "status.phase!=Succeeded,status.phase!=Failed,spec.nodeName!="
+            for obj in self._list("/api/v1/pods", "pods", field=active):
+                node = (obj.get("spec") or {}).get("nodeName")
+                if node not in wanted:
+                    continue
+                try:
+                    table.add_pod(PodUsage.of(PodInfo.from_object(obj)), node)
+                except InvalidObjectError as e:  # shardsched's informer skips it too
+                    log.debug("bench fit check: pod %s: %s", obj["metadata"].get("name"), e)
+        scheduler = build_schedulers(config, table, seed=0)[self.scheduler_name]
+        fits, status = 0, None
+        for i in range(n):
+            result = scheduler.schedule(PodInfo.from_object(
+                _pod(f"bench-fit-{i:06d}", self.namespace, self.scheduler_name, self._run_nodes)))
+            if result.node is None:
+                status = result.status
+                break
+            fits += 1
+        if fits < n:
+            why = (status.message if status is not None and status.message else "no node fits").rstrip(".")
+            hint = (f"pass --bench {fits} or fewer, or " if fits else "") + \
+                "use --bench-nodes K to let the bench create nodes of its own"
+            extra = f" ({len(skipped)} node(s) not readable: {skipped[0]})" if skipped else ""
+            raise PermanentError(f"--bench: only {fits} of the {n} bench pods fit the nodes, shardsched would leave "
+                                 f"the rest pending: {why}{extra}; {hint}")
 
     def create_nodes(self, count: int) -> list[str]:
         """Create ``count`` nodes with room for many pods (for clusters without kubelets, e.g. a bare
         API server); returns their names."""
-        self._bench_nodes_only = True
-        names = [f"shardsched-bench-node-{i:04d}" for i in range(count)]
+        self._run_nodes = self.run_id
+        names = [f"shardsched-bench-{self.run_id}-node-{i:04d}" for i in range(count)]
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
         self._made_nodes = made = []  # as they are made: an interrupted run deletes those
         for name in names:
             self._check()
             made.append(name)
             register_node(self.api, {"apiVersion": "v1", "kind": "Node",
-                                     "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
+                                     "metadata": {"name": name, "labels": {BENCH_LABEL: "true",
+                                                                           BENCH_RUN_LABEL: self.run_id}},
                                      "spec": {"taints": [dict(BENCH_TAINT)]},
-                                     "status": {"capacity": alloc, "allocatable": alloc}}, exist_ok=True)
+                                     "status": {"capacity": alloc, "allocatable": alloc}})
         return names
 
     def api_baseline(self, n: int, nodes: list[str], report: BenchReport, phase: str = "before") -> None:
@@ -329,7 +414,7 @@ class Bench:
         ``report.api_baselines`` and updates the combined figures."""
         names = [f"bench-api-{self.run_id}-{phase[0]}{i:06d}" for i in range(n)]
         self._baseline_names = names  # for `cleanup`, should this be interrupted
-        created = self._create([_pod(name, self.namespace, UNSERVED, self._bench_nodes_only) for name in names])
+        created = self._create([_pod(name, self.namespace, UNSERVED, self._run_nodes) for name in names])
         binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
@@ -375,9 +460,11 @@ class Bench:
             report.errors.append(f"baseline ({phase}): {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
 
     def prepare(self, n: int, create_nodes: int = 0) -> BenchReport:
-        """Before shardsched starts: nodes (``create_nodes`` new ones if asked), the API server
-        baseline, then the backlog of ``n`` pending pods and the watch that times their binds."""
+        """Before shardsched starts: nodes (``create_nodes`` new ones if asked), the check that the
+        ``n`` pods fit them (`check_fit`, raises PermanentError), the API server baseline, then the
+        backlog of ``n`` pending pods and the watch that times their binds."""
         report = BenchReport(pods=n)
+        self.warn_leftovers()
         if create_nodes:
             # the bench's pods go onto its own nodes only: the baseline binds round-robin over
             # them, and the measured pods select them
@@ -387,6 +474,8 @@ class Bench:
         if not nodes:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
+        if self.config is not None:
+            self.check_fit(n, self.config, nodes)
         # the observer watches from before the baseline: its watch then costs the API server the
         # same in both phases (one event per pod created, bound, deleted)
         prefix = f"bench-{self.run_id}-"
@@ -395,7 +484,7 @@ class Bench:
         self._start_observer(prefix, n)
         self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
-        self._create([_pod(name, self.namespace, self.scheduler_name, self._bench_nodes_only) for name in self._names])
+        self._create([_pod(name, self.namespace, self.scheduler_name, self._run_nodes) for name in self._names])
         self._durations_before = binding_duration(self.api)
         return report
 

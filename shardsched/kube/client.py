@@ -87,6 +87,29 @@ def to_dict(obj: Any) -> Any:
     return k8s.ApiClient().sanitize_for_serialization(obj)
 
 
+def _check_kubeconfig_shape(path: str) -> None:
+    """Say plainly what is wrong with a kubeconfig that is not YAML, or whose top level is not a
+    mapping (the client would fail on it with an unrelated TypeError).
+
+    Raises: PermanentError naming the file, and the line for a YAML syntax error.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise PermanentError(f"kubeconfig {path}: not a text file ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise PermanentError(f"kubeconfig {path}: not valid YAML{where}: {problem}") from None
+    if doc is None:
+        raise PermanentError(f"kubeconfig {path}: the file is empty")
+    if not isinstance(doc, dict):
+        raise PermanentError(f"kubeconfig {path}: not a kubeconfig: its YAML is a {type(doc).__name__}, expected a "
+                             "mapping with clusters, contexts and users (apiVersion: v1, kind: Config)")
+
+
 @dataclass(frozen=True)
 class ClientSpec:
     """How to reach the API server; plain and picklable, so every process (the coordinator's, each
@@ -131,6 +154,7 @@ class ClientSpec:
                                      "service account for the in-cluster configuration)")
             if not os.access(path, os.R_OK):
                 raise PermanentError(f"kubeconfig {path}: not readable by this user")
+            _check_kubeconfig_shape(path)
             k8s_config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg,
                                         persist_config=False)
         except ConfigException as e:
