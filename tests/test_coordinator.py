@@ -12,7 +12,7 @@ import pytest
 from shardsched.config import load_config
 from shardsched.errors import TemporaryError
 from shardsched.sharding.coordinator import Coordinator
-from shardsched.sharding.remote import Remote
+from shardsched.sharding.remote import Remote, RemoteUnavailable
 from shardsched.sharding.shard import Shard, ShardOptions
 from shardsched.sim import SimCluster, uniform_nodes, uniform_pods
 
@@ -232,3 +232,44 @@ def test_the_relist_hook_runs_once_the_cluster_is_loaded_at_start_and_after_410(
     coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
     assert coordinator.poll_watch()
     assert seen == [5, 7]
+
+
+def test_start_returns_once_every_shard_answers_and_before_it_hands_them_work(ledger):
+    """`Coordinator.start` pings each new shard (a Ray actor's process takes a second or more to
+    start) before it lists the cluster and hands out nodes and pods: when start returns the shards
+    are up, so ``serve --bench`` does not time their start-up as scheduling, and a shard that
+    cannot start fails the start instead of being handed work."""
+    cluster = SimCluster(seed=0)
+    cluster.create_nodes(uniform_nodes(4, cpu="4"))
+    cluster.create_pods(uniform_pods(3, cpu="1", scheduler_name="shardsched"))
+    calls: list[tuple[int, str]] = []
+
+    class Recording(Shard):
+        def ping(self) -> str:
+            calls.append((self.index, "ping"))
+            return super().ping()
+
+        def apply_nodes(self, upserts, removals) -> None:
+            calls.append((self.index, "apply_nodes"))
+            super().apply_nodes(upserts, removals)
+
+    def new_shard(index: int, member: str) -> Remote:
+        return Remote(Recording(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0)))
+
+    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), new_shard, 2)
+    coordinator.start()
+    assert calls[:2] == [(0, "ping"), (1, "ping")] and (0, "apply_nodes") in calls[2:]
+
+    def broken(index: int, member: str) -> Remote:
+        shard = Recording(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))
+        if index == 1:
+            def dead() -> str:
+                raise RemoteUnavailable("ping: the actor died")
+            shard.ping = dead
+        return Remote(shard)
+
+    calls.clear()
+    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), broken, 2)
+    with pytest.raises(RemoteUnavailable):
+        coordinator.start()
+    assert (0, "apply_nodes") not in calls  # nothing handed out

@@ -193,10 +193,19 @@ class Coordinator:
         log.warning("adopted %d running shards: %s", len(shards), ", ".join(m for m, _ in shards.values()))
 
     def start(self) -> None:
-        """Create the shards, list the cluster and hand every shard its nodes and pods."""
+        """Create the shards, wait until each answers a ping (a shard actor's process must start
+        and import first: about a second and a half, `shard_start_timeout_s` at most), then list
+        the cluster and hand every shard its nodes and pods. So when this returns the shards are
+        scheduling: a caller that times the scheduler from here (``serve --bench``) does not count
+        the processes' start-up as scheduling time, and ``/readyz`` is not ready before them.
+
+        Raises: `RemoteUnavailable` when a shard does not answer in time (its actor died at start).
+        """
         for i in range(len(self.shards), self.num_shards):
             member = f"shard-{i}@1"
             self.shards.append(ShardRef(i, member, self.shard_factory(i, member)))
+        for ref in self.shards:
+            ref.remote.ask("ping", timeout_s=self.shard_start_timeout_s)
         self.routed = np.zeros(len(self.shards), np.int64)
         self.relist()
 
