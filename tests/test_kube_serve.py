@@ -7,6 +7,7 @@ standby takes over when the leader stops."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -318,6 +319,14 @@ def check_bench_report(report: dict, pods: int) -> None:
     assert set(report["api_server_bind_ms"]) == {"baseline", "shardsched"}
 
 
+def check_server_cpu(report: dict) -> None:
+    cpu = report["api_server_cpu"]
+    for phase in ("baseline", "shardsched"):
+        assert cpu[phase]["cores"] > 0 and cpu[phase]["ms_per_pod"] > 0, cpu
+    assert cpu["busy_ratio"] == pytest.approx(cpu["shardsched"]["cores"] / cpu["baseline"]["cores"], rel=0.01)
+    assert cpu["cost_ratio"] == pytest.approx(cpu["shardsched"]["ms_per_pod"] / cpu["baseline"]["ms_per_pod"], rel=0.01)
+
+
 def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, redis_server):
     """The benchmark mode: nodes made Ready for a kubelet-less API server, the API server's own
     binding rate, shardsched's rate and latency on a backlog, and nothing of it left behind; a
@@ -365,7 +374,10 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     assert ("1 node(s) and 1 pod(s) of an earlier bench run are still in the cluster" in log
             and "kubectl delete nodes -l shardsched.io/bench" in log), log[-3000:]
     assert api_server.sim.get_pod("default", "bench-0a0a0a-000000")["spec"]["nodeName"] == "shardsched-bench-node-0000"
-    assert report["api_server_bind_ms"] == {"baseline": None, "shardsched": None}  # the peer has no /metrics
+    # the API server's own figures, from its /metrics (the simulated one serves its binds' durations and
+    # its process's CPU): time per bind, cores busy and CPU per pod in both phases
+    assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0
+    check_server_cpu(report)
     assert len(api_server.sim.list_nodes()[0]) == before, "the bench's nodes are deleted at the end"
     assert [p["metadata"]["name"] for p in api_server.sim.list_pods()[0]
             if p["metadata"]["name"].startswith("bench-")] == ["bench-0a0a0a-000000"]
@@ -378,6 +390,33 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     real = api_server.sim.get_pod("default", "a-real-pending-pod")
     assert not real["spec"].get("nodeName")
     assert api_server.events_for("default", "a-real-pending-pod") == []
+
+
+def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, redis_server):
+    """The table output (serve's default) gives the API server's CPU in both phases and, below the
+    target, a diagnosis from it."""
+    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode",
+                           "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--kube-api-qps", "0",
+                           "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "60", "--bench-nodes",
+                           "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "shardsched: 60/60 pending pods bound in" in out
+    assert re.search(r"API server's CPU \(process_cpu_seconds_total\): [\d.]+ cores busy, [\d.]+ ms per bind during "
+                     r"the baselines; [\d.]+ cores, [\d.]+ ms per pod while shardsched ran", out), out
+    ratio = float(re.search(r"ratio shardsched / API server: ([\d.]+)", out)[1])
+    assert ("diagnosis: shardsched kept the API server" in out) == (ratio < 0.9), out
+
+
+def test_the_bench_diagnosis_reads_the_api_servers_cpu():
+    from shardsched.cli.serve import _bench_diagnosis
+
+    as_busy = _bench_diagnosis({"busy_ratio": 0.97, "cost_ratio": 1.5})
+    assert "as busy as the baseline's client did (0.97x" in as_busy and "1.50x the CPU of a bare bind" in as_busy
+    assert "not shardsched's pace" in as_busy
+    idle = _bench_diagnosis({"busy_ratio": 0.6, "cost_ratio": 1.1})
+    assert "less busy than the baseline's client did (0.60x" in idle and "shardsched, or the machine" in idle
+    assert "unknown (the API server's /metrics could not be read)" in _bench_diagnosis({"busy_ratio": None})
 
 
 def _bench_phase(pod_name: str) -> str:
@@ -539,6 +578,7 @@ def test_envtest_serve_bench(plane, redis_server):
     check_bench_report(report, 200)
     # the real API server's own time per bind, read from its /metrics in both phases
     assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0
+    check_server_cpu(report)  # process_cpu_seconds_total of the real kube-apiserver
     # the bench's Scheduled Events were deleted once the scheduler stopped (the field selector on
     # reportingComponent is served by the real API server)
     spec = ClientSpec(kubeconfig=plane.kubeconfig("admin"))

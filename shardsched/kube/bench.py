@@ -104,6 +104,14 @@ class BenchReport:
     #: during shardsched's window, from its ``apiserver_request_duration_seconds`` (all clients'
     #: binds in that window); None when its /metrics cannot be read
     api_server_bind_ms: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None})
+    #: the API server's own CPU (``process_cpu_seconds_total``) in the baselines and in shardsched's
+    #: window: ``{"cores": mean cores busy, "ms_per_pod": CPU ms per pod bound}`` each (None when
+    #: its /metrics cannot be read); ``busy_ratio`` = window cores / baseline cores (~1: shardsched
+    #: kept the server as busy as the bare client did, so the server set the pace), ``cost_ratio`` =
+    #: window ms per pod / baseline ms per bind (what shardsched's Events and watches add per pod).
+    #: ``ratio`` ~= busy_ratio / cost_ratio.
+    api_server_cpu: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None,
+                                                          "busy_ratio": None, "cost_ratio": None})
     errors: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -213,10 +221,28 @@ def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) ->
         reflector.stop()
 
 
-def binding_duration(api: Api) -> tuple[float, float] | None:
-    """(sum of seconds, count) of the API server's ``apiserver_request_duration_seconds`` for
-    ``pods/binding`` requests so far, from its ``/metrics`` (Prometheus text); None when it cannot
-    be read (RBAC: ``get`` on the non-resource URL ``/metrics``; a server that does not serve it)."""
+@dataclass(frozen=True)
+class ServerSample:
+    """One reading of the API server's ``/metrics`` (all cumulative since it started).
+
+    Attributes:
+        bind_s, binds: sum of seconds and count of its ``pods/binding`` requests
+            (``apiserver_request_duration_seconds``; no binds yet is 0, 0).
+        cpu_s: CPU seconds of the API server's process (``process_cpu_seconds_total``, user +
+            system); None when it does not export it. Etcd's CPU is not in it.
+        at: when it was read (``time.monotonic()``, s).
+    """
+
+    bind_s: float
+    binds: float
+    cpu_s: float | None
+    at: float
+
+
+def server_sample(api: Api) -> ServerSample | None:
+    """Read the API server's ``/metrics`` (Prometheus text) into a `ServerSample`; None when it
+    cannot be read (RBAC: ``get`` on the non-resource URL ``/metrics``; a server that does not serve
+    it, or without ``apiserver_request_duration_seconds``)."""
     try:
         resp = api.send("GET", "/metrics", None, None, None, None, "get", "/metrics")
         try:
@@ -226,9 +252,11 @@ def binding_duration(api: Api) -> tuple[float, float] | None:
     except Exception as e:  # noqa: BLE001 - optional figure
         log.debug("API server /metrics: %s", e)
         return None
+    at = time.monotonic()
     if status != 200:
         return None
     total = count = 0.0
+    cpu = None
     found = False  # the family is served (no binds yet is (0, 0))
     try:
         families = list(text_string_to_metric_families(text))
@@ -236,6 +264,8 @@ def binding_duration(api: Api) -> tuple[float, float] | None:
         log.debug("API server /metrics: %s", e)
         return None
     for family in families:
+        if family.name == "process_cpu_seconds" and family.samples:
+            cpu = float(family.samples[0].value)
         if family.name != "apiserver_request_duration_seconds":
             continue
         found = True
@@ -247,13 +277,44 @@ def binding_duration(api: Api) -> tuple[float, float] | None:
                 total += sample.value
             elif sample.name.endswith("_count"):
                 count += sample.value
-    return (total, count) if found else None
+    return ServerSample(total, count, cpu, at) if found else None
 
 
-def _mean_ms(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    if before is None or after is None or after[1] <= before[1]:
+def _mean_ms(before: ServerSample | None, after: ServerSample | None) -> float | None:
+    if before is None or after is None or after.binds <= before.binds:
         return None
-    return round((after[0] - before[0]) / (after[1] - before[1]) * 1000, 2)
+    return round((after.bind_s - before.bind_s) / (after.binds - before.binds) * 1000, 2)
+
+
+def _cpu_ratios(report: BenchReport) -> None:
+    cpu = report.api_server_cpu
+    base, window = cpu["baseline"], cpu["shardsched"]
+    if base and window and base["cores"] > 0 and base["ms_per_pod"] > 0:
+        cpu["busy_ratio"] = round(window["cores"] / base["cores"], 3)
+        cpu["cost_ratio"] = round(window["ms_per_pod"] / base["ms_per_pod"], 3)
+
+
+class _CpuTally:
+    """The API server's CPU over one phase, possibly in several intervals: seconds of CPU, seconds
+    of wall time, pods bound."""
+
+    def __init__(self) -> None:
+        self.cpu_s = self.wall_s = 0.0
+        self.pods = 0
+
+    def add(self, before: ServerSample | None, after: ServerSample | None, pods: int) -> None:
+        """Count the CPU and the wall time from ``before`` to ``after`` for ``pods``."""
+        if before is None or after is None or before.cpu_s is None or after.cpu_s is None:
+            return
+        self.cpu_s += after.cpu_s - before.cpu_s
+        self.wall_s += after.at - before.at
+        self.pods += pods
+
+    def figures(self) -> dict | None:
+        """{"cores": mean cores busy, "ms_per_pod": CPU ms per pod bound}, or None (no data)."""
+        if self.wall_s <= 0 or self.pods <= 0:
+            return None
+        return {"cores": round(self.cpu_s / self.wall_s, 3), "ms_per_pod": round(self.cpu_s / self.pods * 1000, 3)}
 
 
 class Bench:
@@ -286,6 +347,8 @@ class Bench:
         self._run_nodes: str | None = None  # the run id once the bench makes its own nodes
         self._nodes: list[str] = []
         self._server_baseline = [0.0, 0.0]  # the API server's (seconds, count) of the baselines' binds
+        self._cpu_baseline = _CpuTally()
+        self._prepared: ServerSample | None = None  # read once the backlog was created
 
     @property
     def interrupted(self) -> bool:
@@ -419,7 +482,7 @@ class Bench:
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
                  for i, p in enumerate(created)]
-        before = binding_duration(self.api)
+        before = server_sample(self.api)
         done = threading.Event()
 
         def cancel_on_stop() -> None:  # a SIGINT cancels the binds in flight (they report NOT_APPLIED)
@@ -439,11 +502,16 @@ class Bench:
             binder.stop()  # its connections stay closed through shardsched's window
         wall = time.perf_counter() - t0
         self._check()  # a cancelled baseline is not counted (`cleanup` deletes its pods)
-        after = binding_duration(self.api)
-        if before is not None and after is not None:
-            self._server_baseline = [a + (y - x) for a, x, y in zip(self._server_baseline, before, after)]
-            report.api_server_bind_ms["baseline"] = _mean_ms((0.0, 0.0), tuple(self._server_baseline))
+        after = server_sample(self.api)
         binds = sum(1 for r in results if r.code == 201)
+        if before is not None and after is not None:
+            self._server_baseline = [self._server_baseline[0] + after.bind_s - before.bind_s,
+                                     self._server_baseline[1] + after.binds - before.binds]
+            report.api_server_bind_ms["baseline"] = _mean_ms(ServerSample(0.0, 0.0, None, 0.0),
+                                                             ServerSample(*self._server_baseline, None, 0.0))
+        self._cpu_baseline.add(before, after, binds)
+        report.api_server_cpu["baseline"] = self._cpu_baseline.figures()
+        _cpu_ratios(report)
         report.api_baselines.append({"phase": phase, "binds": binds, "wall_s": round(wall, 3),
                                      "binds_per_s": round(binds / wall, 3) if wall else 0.0})
         report.api_binds += binds
@@ -485,7 +553,7 @@ class Bench:
         self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name, self._run_nodes) for name in self._names])
-        self._durations_before = binding_duration(self.api)
+        self._prepared = server_sample(self.api)
         return report
 
     def _start_observer(self, prefix: str, n: int) -> None:
@@ -530,6 +598,7 @@ class Bench:
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
         unknown = ""
+        window_start = server_sample(self.api)  # after the scheduler's start-up, as the rate's window
         try:
             self._conn.send(("go", timeout_s))
             waited = self._wait_observer(timeout_s + 30)
@@ -554,9 +623,18 @@ class Bench:
             self._observer.join(10)
             if self._observer.is_alive():
                 self._observer.kill()
-        report.api_server_bind_ms["shardsched"] = _mean_ms(getattr(self, "_durations_before", None),
-                                                           binding_duration(self.api))
+        window_end = server_sample(self.api)
+        report.api_server_bind_ms["shardsched"] = _mean_ms(self._prepared, window_end)
         report.bound = len(bound_at)
+        if not unknown:  # CPU per pod over all its work (from its first list), cores busy in the window
+            tally = _CpuTally()
+            tally.add(self._prepared, window_end, report.bound)
+            busy = _CpuTally()
+            busy.add(window_start, window_end, report.bound)
+            per_pod, cores = tally.figures(), busy.figures()
+            if per_pod is not None and cores is not None:
+                report.api_server_cpu["shardsched"] = {"cores": cores["cores"], "ms_per_pod": per_pod["ms_per_pod"]}
+                _cpu_ratios(report)
         if bound_at:
             started_at = min(started_at, min(bound_at.values()))
             report.wall_s = max(bound_at.values()) - started_at

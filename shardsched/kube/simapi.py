@@ -25,7 +25,10 @@ Served (JSON only):
   and recorded in the simulated cluster too);
 - Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
   ``metadata.resourceVersion``);
-- ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``.
+- ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``;
+- ``GET /metrics`` (Prometheus text): ``apiserver_request_duration_seconds`` of its binds (labels
+  ``verb``, ``resource``, ``subresource`` as kube's) and ``process_cpu_seconds_total`` of the
+  process serving it (all of it: in the tests, the test process), what ``serve --bench`` reads.
 
 Test controls: ``token`` (requests without ``Authorization: Bearer <token>`` answer 401), `deny`
 (RBAC: 403 for a verb on a resource), `fail` (the next N matching requests answer a status, a
@@ -44,6 +47,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, SimCluster
 from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
@@ -128,10 +133,10 @@ class _Handler(BaseHTTPRequestHandler):
     def body(self) -> Any:
         return json.loads(self._raw) if self._raw else None
 
-    def reply(self, code: int, data: Any, raw: bytes | None = None) -> None:
+    def reply(self, code: int, data: Any, raw: bytes | None = None, content_type: str = "application/json") -> None:
         payload = raw if raw is not None else json.dumps(data).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -179,6 +184,10 @@ class SimApiServer:
             self._objects[(POD, f"{p['metadata']['namespace']}/{p['metadata']['name']}")] = p
         self._compacted = self._rv
         self._watches: set[socket.socket] = set()
+        self.metrics = CollectorRegistry()
+        ProcessCollector(registry=self.metrics)
+        self._bind_seconds = Histogram("apiserver_request_duration_seconds", "Time to answer a request (binds only).",
+                                       ["verb", "resource", "subresource"], registry=self.metrics)
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.owner = self
         self._thread: threading.Thread | None = None
@@ -348,6 +357,8 @@ class SimApiServer:
         return _VERBS.get(method, method.lower()), resource
 
     def _route(self, h: _Handler, path: str, q: dict, verb: str) -> None:
+        if path == "/metrics":
+            return h.reply(200, None, raw=generate_latest(self.metrics), content_type=CONTENT_TYPE_LATEST)
         if path == "/version":
             return h.reply(200, {"major": "1", "minor": "99", "gitVersion": "v1.99.0-shardsched-sim"})
         if path == "/apis/events.k8s.io/v1":
@@ -428,7 +439,9 @@ class SimApiServer:
         body = h.body() or {}
         meta = body.get("metadata") or {}
         target = (body.get("target") or {}).get("name") or ""
+        t0 = time.perf_counter()
         result = self.sim.bind_many([(ns, name or meta.get("name"), target, meta.get("uid") or None)])[0]
+        self._bind_seconds.labels("POST", "pods", "binding").observe(time.perf_counter() - t0)
         if result.ok:
             return h.reply(201, status_body(201, "", ""))
         h.reply(result.code, status_body(result.code, result.reason, result.message))
