@@ -24,11 +24,16 @@ Three measurements in the namespace given, from this process and one helper proc
    and the rate it is compared with is theirs together (all binds over both durations). Both are
    reported (``api_baselines``) and ``api_drift`` = after / before tells how far apart they were.
 
+Before any of them, `Bench.check_fit` places the N pods with shardsched's own plugins on the nodes
+they may use: pods that shardsched would leave pending (a not-ready taint, full nodes) are said
+at once instead of after the timeout.
+
 The report puts the rates side by side (``ratio`` = shardsched / API server; the issue's target is
 >= 0.9, i.e. shardsched is never the limit), and, when the API server's ``/metrics`` can be read,
-its own mean time per bind in the baselines and in shardsched's window: a bind that takes the
-server much longer during shardsched's window than during the baselines means the server (or the
-machine it shares) was the busier side.
+its own mean time per bind and its CPU (cores busy, CPU ms per pod) in the baselines and in
+shardsched's window: ``ratio`` ~= ``busy_ratio / cost_ratio`` (`BenchReport.api_server_cpu`), which
+tells a scheduler that did not keep the server busy from pods that cost the server more (each of
+shardsched's pods also has a ``Scheduled`` Event and shows on the scheduler's watches).
 """
 
 from __future__ import annotations
