@@ -527,6 +527,37 @@ def test_serve_bench_says_at_once_when_its_pods_cannot_all_fit(redis_server, tmp
         assert [p["metadata"]["name"] for p in sim.list_pods()[0]] == ["running"]
 
 
+def test_the_fit_check_counts_every_page_of_bound_pods(monkeypatch, tmp_path):
+    """`Bench.check_fit` lists the pods already bound in pages (a large cluster's pods are not one
+    response) and counts every page: 3 pods bound, pages of 2, room for 5."""
+    import dataclasses
+
+    from shardsched.config import load_config
+    from shardsched.errors import PermanentError
+    from shardsched.kube import bench as bench_mod
+
+    sim = SimCluster()
+    sim.create_nodes([node("small", cpu="8", pods=5)])
+    running = []
+    for i in range(3):
+        p = pod(f"running-{i}", cpu="1")
+        p["metadata"].pop("uid")
+        p["spec"]["nodeName"] = "small"
+        running.append(p)
+    sim.create_pods(running)
+    monkeypatch.setattr(bench_mod, "LIST_PAGE", 2)
+    config = load_config(None)
+    config = dataclasses.replace(config, profiles=[dataclasses.replace(config.profiles[0], scheduler_name="b-x")])
+    with SimApiServer(sim) as srv:
+        spec = ClientSpec(kubeconfig=srv.write_kubeconfig(str(tmp_path / "kubeconfig")))
+        bench = bench_mod.Bench(spec, "b-x", config=config)
+        bench.check_fit(2, config, ["small"])  # fits: no error
+        with pytest.raises(PermanentError, match=r"only 2 of the 10 bench pods fit the nodes.*Too many pods"):
+            bench.check_fit(10, config, ["small"])
+        pages = [q for m, path, q in srv.queries if path == "/api/v1/pods"]
+        assert len(pages) >= 4 and {q.get("limit") for q in pages} == {"2"}  # two checks, two pages each
+
+
 # ---------------------------------------------------------------------------------------- envtest
 @pytest.fixture(scope="module")
 def plane():

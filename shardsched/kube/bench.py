@@ -74,6 +74,10 @@ BENCH_RUN_LABEL = "shardsched.io/bench-run"
 BENCH_APP = "shardsched-bench"
 
 
+#: objects per page of the bench's lists
+LIST_PAGE = 500
+
+
 class BenchInterrupted(Exception):
     """The ``stop`` event of `Bench` was set (SIGINT/SIGTERM) while the bench prepared."""
 
@@ -382,10 +386,19 @@ class Bench:
         list(self.pool.map(one, names))
 
     def _list(self, path: str, resource: str, **selectors: str) -> list[dict]:
+        """Every object of a list, in pages of `LIST_PAGE` (``limit``/``continue``: a large
+        cluster's pods are not one response)."""
         query = [(k, v) for k, v in (("labelSelector", selectors.get("label")),
                                      ("fieldSelector", selectors.get("field"))) if v]
-        data = self.api.request("GET", path, verb="list", resource=resource, query=query or None)
-        return list(data.get("items") or [])
+        items: list[dict] = []
+        token = ""
+        while True:
+            page = query + [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            data = self.api.request("GET", path, verb="list", resource=resource, query=page)
+            items.extend(data.get("items") or [])
+            token = (data.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
 
     def nodes(self) -> list[str]:
         return [n["metadata"]["name"] for n in self._list("/api/v1/nodes", "nodes")]
