@@ -4,6 +4,7 @@ library ``http.server``) that answers 401, 403, 429, 500, 504, garbage, dropped 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -325,3 +326,34 @@ def test_a_label_selected_watch_sees_only_the_labelled_pods(server, spec):
     finally:
         for r in reflectors:
             r.stop()
+
+
+def test_drain_binds_sends_no_more_binds_and_lets_those_in_flight_finish(server, tmp_path):
+    """A whole-scheduler stop (Ctrl-C) calls `KubeCluster.drain_binds`: the binds a binding cycle
+    holds but has not sent answer NOT_APPLIED at once (its pods stay pending, the shard puts them
+    back), those already sent are applied, and nothing waits for the whole batch."""
+    spec = ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")))
+    pods = [pending(server.sim, f"d{i}") for i in range(40)]
+    real = server.sim.bind_many
+
+    def slow(bindings):
+        time.sleep(0.2)
+        return real(bindings)
+
+    server.sim.bind_many = slow
+    kc = KubeCluster(spec, [SCHED], bind_workers=4)
+    try:
+        threading.Timer(0.3, kc.drain_binds).start()
+        t0 = time.monotonic()
+        results = kc.bind_many([("default", p["metadata"]["name"], "n0", p["metadata"]["uid"]) for p in pods])
+        took = time.monotonic() - t0
+    finally:
+        server.sim.bind_many = real
+        kc.stop()
+    codes = [r.code for r in results]
+    bound = [r.name for r in results if r.code == 201]
+    assert 4 <= len(bound) <= 12 and codes.count(500) == 40 - len(bound), codes  # 4 in flight per 0.2 s
+    assert {r.reason for r in results if r.code == 500} == {"Stopping"}
+    assert took < 2.0  # 40 binds, 4 at a time, 0.2 s each, would take 2 s
+    for r in results:
+        assert bool(server.sim.get_pod("default", r.name)["spec"].get("nodeName")) == (r.code == 201)

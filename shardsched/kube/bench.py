@@ -46,6 +46,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -56,7 +57,7 @@ from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import POD
-from shardsched.sim.errors import AlreadyExists, Conflict
+from shardsched.sim.errors import AlreadyExists, Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ BENCH_APP = "shardsched-bench"
 
 #: objects per page of the bench's lists
 LIST_PAGE = 500
+#: pods one node made by ``--bench-nodes`` takes (its allocatable ``pods``)
+BENCH_NODE_PODS = 10000
 
 
 class BenchInterrupted(Exception):
@@ -118,10 +121,24 @@ class BenchReport:
     #: its /metrics cannot be read); ``busy_ratio`` = window cores / baseline cores (~1: shardsched
     #: kept the server as busy as the bare client did, so the server set the pace), ``cost_ratio`` =
     #: window ms per pod / baseline ms per bind (what shardsched's Events and watches add per pod).
-    #: ``ratio`` ~= busy_ratio / cost_ratio.
+    #: The window runs to when the Scheduled Events were written (`Bench.wait_events`; to the last
+    #: bind when that was not measured): ``ratio_with_events`` ~= busy_ratio / cost_ratio.
     api_server_cpu: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None,
                                                           "busy_ratio": None, "cost_ratio": None})
+    #: seconds from the last bind seen until shardsched had written the Scheduled Event of every
+    #: pod bound (`Bench.wait_events`); None when not measured
+    events_lag_s: float | None = None
+    #: bound / (wall_s + events_lag_s): the rate with the Events a scheduler writes, and its ratio
+    with_events_pods_per_s: float | None = None
+    ratio_with_events: float | None = None
     errors: list[str] = field(default_factory=list)
+
+    def set_ratios(self) -> None:
+        """``ratio`` and ``ratio_with_events`` from the rates so far (again after each baseline)."""
+        base = self.api_binds_per_s
+        self.ratio = self.pods_per_s / base if base else 0.0
+        if self.with_events_pods_per_s is not None:
+            self.ratio_with_events = self.with_events_pods_per_s / base if base else 0.0
 
     def to_json(self) -> dict:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -131,11 +148,11 @@ def _pod(name: str, namespace: str, scheduler_name: str, run_nodes: str | None =
     """A bench pod; ``run_nodes``: the run id whose nodes alone it may go onto (nodeSelector), or
     None for any node."""
     spec = {"schedulerName": scheduler_name, "automountServiceAccountToken": False,
-            "tolerations": [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
                             "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}
     if run_nodes:  # only onto the nodes this run made, never the cluster's own nor another run's
         spec["nodeSelector"] = {BENCH_LABEL: "true", BENCH_RUN_LABEL: run_nodes}
+        spec["tolerations"] = [{"key": BENCH_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": BENCH_APP},
                          "annotations": {CREATED_AT_ANNOTATION: repr(time.time())}},
@@ -267,6 +284,13 @@ def server_sample(api: Api) -> ServerSample | None:
     total = count = 0.0
     cpu = None
     found = False  # the family is served (no binds yet is (0, 0))
+    # a kube-apiserver's /metrics is megabytes: parse only the two families read here (parsing all
+    # of it took ~0.2 s, inside the interval the baseline is timed over)
+    wanted = ("# TYPE apiserver_request_duration_seconds ", "# TYPE process_cpu_seconds_total ",
+              "apiserver_request_duration_seconds_sum{", "apiserver_request_duration_seconds_count{",
+              "process_cpu_seconds_total")
+    text = "\n".join(line for line in text.splitlines()
+                     if line.startswith(wanted) and ("binding" in line or not line.startswith("apiserver_request")))
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as e:  # not Prometheus text
@@ -311,12 +335,15 @@ class _CpuTally:
         self.cpu_s = self.wall_s = 0.0
         self.pods = 0
 
-    def add(self, before: ServerSample | None, after: ServerSample | None, pods: int) -> None:
-        """Count the CPU and the wall time from ``before`` to ``after`` for ``pods``."""
+    def add(self, before: ServerSample | None, after: ServerSample | None, pods: int,
+            wall_s: float | None = None) -> None:
+        """Count the CPU from ``before`` to ``after`` for ``pods``, over ``wall_s`` (default: the
+        time between the two readings; a phase timed more closely, e.g. its binds alone, passes
+        its own: the server idles while the client reads /metrics)."""
         if before is None or after is None or before.cpu_s is None or after.cpu_s is None:
             return
         self.cpu_s += after.cpu_s - before.cpu_s
-        self.wall_s += after.at - before.at
+        self.wall_s += after.at - before.at if wall_s is None else wall_s
         self.pods += pods
 
     def figures(self) -> dict | None:
@@ -414,19 +441,27 @@ class Bench:
             log.debug("bench leftovers: %s", e)
             return 0, 0
         if nodes or pods:
+            # the Events a killed run wrote name its scheduler (its measured pods carry that name)
+            names = sorted({(p.get("spec") or {}).get("schedulerName") or "" for p in pods} - {"", UNSERVED})
+            events = "".join(f"; kubectl delete events -n {self.namespace} --field-selector reportingComponent={name}"
+                             for name in names)
+            # without a kubelet a bound pod stays Terminating through its grace period: force it
             log.warning("bench: %d node(s) and %d pod(s) of an earlier bench run are still in the cluster (a run "
                         "stopped by SIGKILL cannot clean up); this run leaves them alone. Delete them with: "
-                        "kubectl delete pods -n %s -l app=%s; kubectl delete nodes -l %s",
-                        len(nodes), len(pods), self.namespace, BENCH_APP, BENCH_LABEL)
+                        "kubectl delete pods -n %s -l app=%s --grace-period=0 --force; kubectl delete nodes -l %s%s",
+                        len(nodes), len(pods), self.namespace, BENCH_APP, BENCH_LABEL, events)
         return len(nodes), len(pods)
 
-    def check_fit(self, n: int, config, nodes: list[str]) -> None:
+    def check_fit(self, n: int, config, nodes: list[str]) -> list[str]:
         """Before anything is measured: place ``n`` bench pods, as shardsched's Filter and Score
         plugins of ``config``'s bench profile would, onto ``nodes`` (their current objects, with the
         pods already bound to them counted), so that a cluster where they cannot all go (a
         ``node.kubernetes.io/not-ready`` taint, a full node, a cordon) is said at once instead of
         after ``--bench-timeout``. The baseline binds without asking the plugins; shardsched would
         leave those pods pending.
+
+        Returns: the nodes of ``nodes`` a bench pod passes the Filter plugins on (the baseline binds
+            onto those only: never onto a cordoned or not-ready node, nor another run's leftovers).
 
         Raises: PermanentError with the count that fits and the scheduler's own
             ``0/N nodes are available: ...`` message (the FailedScheduling Event it would write).
@@ -457,6 +492,9 @@ class Bench:
                 except InvalidObjectError as e:  # shardsched's informer skips it too
                     log.debug("bench fit check: pod %s: %s", obj["metadata"].get("name"), e)
         scheduler = build_schedulers(config, table, seed=0)[self.scheduler_name]
+        _, feasible = scheduler.feasible_mask(PodInfo.from_object(
+            _pod("bench-fit", self.namespace, self.scheduler_name, self._run_nodes)))
+        usable = [table.names[i] for i in np.flatnonzero(feasible)]
         fits, status = 0, None
         for i in range(n):
             result = scheduler.schedule(PodInfo.from_object(
@@ -467,18 +505,23 @@ class Bench:
             fits += 1
         if fits < n:
             why = (status.message if status is not None and status.message else "no node fits").rstrip(".")
-            hint = (f"pass --bench {fits} or fewer, or " if fits else "") + \
-                "use --bench-nodes K to let the bench create nodes of its own"
+            if self._run_nodes:
+                hint = (f"each node the bench makes takes {BENCH_NODE_PODS} pods: use --bench-nodes "
+                        f"{-(-n // BENCH_NODE_PODS)} or more")
+            else:
+                hint = (f"pass --bench {fits} or fewer, or " if fits else "") + \
+                    "use --bench-nodes K to let the bench create nodes of its own"
             extra = f" ({len(skipped)} node(s) not readable: {skipped[0]})" if skipped else ""
             raise PermanentError(f"--bench: only {fits} of the {n} bench pods fit the nodes, shardsched would leave "
                                  f"the rest pending: {why}{extra}; {hint}")
+        return usable
 
     def create_nodes(self, count: int) -> list[str]:
         """Create ``count`` nodes with room for many pods (for clusters without kubelets, e.g. a bare
         API server); returns their names."""
         self._run_nodes = self.run_id
         names = [f"shardsched-bench-{self.run_id}-node-{i:04d}" for i in range(count)]
-        alloc = {"cpu": "1000", "memory": "4000Gi", "pods": "10000"}
+        alloc = {"cpu": "1000", "memory": "4000Gi", "pods": str(BENCH_NODE_PODS)}
         self._made_nodes = made = []  # as they are made: an interrupted run deletes those
         for name in names:
             self._check()
@@ -527,7 +570,7 @@ class Bench:
                                      self._server_baseline[1] + after.binds - before.binds]
             report.api_server_bind_ms["baseline"] = _mean_ms(ServerSample(0.0, 0.0, None, 0.0),
                                                              ServerSample(*self._server_baseline, None, 0.0))
-        self._cpu_baseline.add(before, after, binds)
+        self._cpu_baseline.add(before, after, binds, wall_s=wall)
         report.api_server_cpu["baseline"] = self._cpu_baseline.figures()
         _cpu_ratios(report)
         report.api_baselines.append({"phase": phase, "binds": binds, "wall_s": round(wall, 3),
@@ -550,6 +593,12 @@ class Bench:
         ``n`` pods fit them (`check_fit`, raises PermanentError), the API server baseline, then the
         backlog of ``n`` pending pods and the watch that times their binds."""
         report = BenchReport(pods=n)
+        try:
+            self.api.request("GET", f"/api/v1/namespaces/{self.namespace}", verb="get", resource="namespaces")
+        except NotFound:
+            raise PermanentError(f"--bench-namespace {self.namespace!r}: no such namespace") from None
+        except Exception as e:  # noqa: BLE001 - not allowed to read namespaces: creating the pods will tell
+            log.debug("bench namespace %s: %s", self.namespace, e)
         self.warn_leftovers()
         if create_nodes:
             # the bench's pods go onto its own nodes only: the baseline binds round-robin over
@@ -561,7 +610,7 @@ class Bench:
             report.errors.append("the cluster has no nodes (use --bench-nodes K to create some)")
             return report
         if self.config is not None:
-            self.check_fit(n, self.config, nodes)
+            nodes = self.check_fit(n, self.config, nodes)
         # the observer watches from before the baseline: its watch then costs the API server the
         # same in both phases (one event per pod created, bound, deleted)
         prefix = f"bench-{self.run_id}-"
@@ -616,7 +665,9 @@ class Bench:
         bound_at: dict[str, float] = {}
         created_at: dict[str, float] = {}
         unknown = ""
-        window_start = server_sample(self.api)  # after the scheduler's start-up, as the rate's window
+        # the window of the server's CPU figures opens here, after the scheduler's start-up (Ray's
+        # start-up would otherwise be charged to the pods)
+        window_start, window_start_unix = server_sample(self.api), time.time()
         try:
             self._conn.send(("go", timeout_s))
             waited = self._wait_observer(timeout_s + 30)
@@ -644,15 +695,9 @@ class Bench:
         window_end = server_sample(self.api)
         report.api_server_bind_ms["shardsched"] = _mean_ms(self._prepared, window_end)
         report.bound = len(bound_at)
-        if not unknown:  # CPU per pod over all its work (from its first list), cores busy in the window
-            tally = _CpuTally()
-            tally.add(self._prepared, window_end, report.bound)
-            busy = _CpuTally()
-            busy.add(window_start, window_end, report.bound)
-            per_pod, cores = tally.figures(), busy.figures()
-            if per_pod is not None and cores is not None:
-                report.api_server_cpu["shardsched"] = {"cores": cores["cores"], "ms_per_pod": per_pod["ms_per_pod"]}
-                _cpu_ratios(report)
+        if not unknown:  # cores busy and CPU per pod bound, from measure's start to the last bind
+            self._window = (window_start, sum(1 for t in bound_at.values() if t >= window_start_unix))
+            self._server_window(report, window_end)
         if bound_at:
             started_at = min(started_at, min(bound_at.values()))
             report.wall_s = max(bound_at.values()) - started_at
@@ -662,8 +707,46 @@ class Bench:
                                  "avg": float(lat.mean())}
         if report.bound < n and not unknown:
             report.errors.append(f"only {report.bound}/{n} pods bound within {timeout_s:.0f} s")
-        report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
+        report.set_ratios()
         return report
+
+    def _server_window(self, report: BenchReport, end: ServerSample | None) -> None:
+        start, pods = getattr(self, "_window", (None, 0))
+        tally = _CpuTally()
+        tally.add(start, end, pods)
+        report.api_server_cpu["shardsched"] = tally.figures()
+        _cpu_ratios(report)
+
+    def wait_events(self, report: BenchReport, written: Callable[[], int], timeout_s: float = 60.0) -> None:
+        """After `measure`, before the scheduler stops: wait until ``written()`` (Scheduled Events
+        shardsched has written, or given up on) reaches the pods bound, so that none is dropped at
+        the stop. shardsched writes them behind its binds (as kube-scheduler's event broadcaster
+        does); the time they trail the last bind is ``events_lag_s``, and ``with_events_pods_per_s``
+        = bound / (window + lag) is the rate it sustains with them. The API server's CPU figures
+        then run to this point, so that they include the Events' work (``ratio_with_events`` ~=
+        busy_ratio / cost_ratio). Returns early on the stop event or after ``timeout_s`` (then
+        ``events_lag_s`` stays None and an error says so)."""
+        if not report.bound or report.interrupted:
+            return
+        deadline = time.monotonic() + timeout_s
+        last_bind = time.time()  # measure returned when the observer saw the last bind
+        while True:
+            try:
+                done = written()
+            except Exception as e:  # noqa: BLE001 - optional figure
+                log.debug("bench: events written: %s", e)
+                done = -1
+            if done >= report.bound:
+                break
+            if self._stop.is_set() or time.monotonic() > deadline:
+                report.errors.append(f"the Scheduled Events of {report.bound} pods were not all written within "
+                                     f"{timeout_s:.0f} s of the last bind ({max(done, 0)} were)")
+                return
+            time.sleep(0.05)
+        report.events_lag_s = time.time() - last_bind
+        report.with_events_pods_per_s = report.bound / (report.wall_s + report.events_lag_s)
+        report.set_ratios()
+        self._server_window(report, server_sample(self.api))
 
     def finish(self, report: BenchReport) -> BenchReport:
         """Once shardsched has stopped: delete its pods, run the second baseline (module docstring)
@@ -678,7 +761,7 @@ class Bench:
                     report.interrupted = True
                     report.errors.append("interrupted (SIGINT/SIGTERM) during the second baseline: shardsched is "
                                          "compared with the first alone")
-                report.ratio = report.pods_per_s / report.api_binds_per_s if report.api_binds_per_s else 0.0
+                report.set_ratios()
         finally:
             self.cleanup()
         return report

@@ -106,6 +106,8 @@ class KubeCluster:
         self._status: StatusWriter | None = None
         self._reflectors: list[Reflector] = []
         self._started = False
+        self._draining = False  # `drain_binds`: binds not yet sent answer NOT_APPLIED
+        self._stopped = False
         self.bind_counts: dict[int, int] = {}
         self._last_rbac_log = 0.0
 
@@ -246,6 +248,8 @@ class KubeCluster:
         # read the Status the server answers anyway (kubernetes-client/python#547).
         try:
             async with slots:
+                if self._draining:  # stopping: not sent; the shard puts the pod back, releases its reservation
+                    return BindResult(namespace, name, node, NOT_APPLIED, "Stopping", "not sent: shardsched is stopping")
                 status, headers, data = await api.send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
                                                        verb="create", resource=resource, body=body)
         except (Timeout, Unreachable) as e:  # no answer: a read timeout may hide an applied bind
@@ -375,8 +379,19 @@ class KubeCluster:
                                         [({"outcome": k}, v) for k, v in stats.items()]))
         return families
 
+    def drain_binds(self) -> None:
+        """Send no more binds: those a binding cycle holds but has not sent yet answer NOT_APPLIED
+        (their pods go back to the queue and their reservations are released, as for any bind not
+        applied); binds in flight finish. Called first when the whole scheduler stops, so that a
+        Ctrl-C does not wait for a binding cycle's whole batch to be bound."""
+        self._draining = True
+
     def stop(self) -> None:
-        """Stop the informers and writers (after flushing what is queued, up to 5 s)."""
+        """Stop the informers and writers (after flushing what is queued, up to 5 s). Idempotent:
+        a second call returns at once (what the first could not write in 5 s is not retried)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.flush(5.0)
         for r in self._reflectors:
             r.stop()

@@ -287,6 +287,17 @@ class KubeRuntime:
         out["coordinator"] = coord + kube
         return out
 
+    def events_settled(self) -> int:
+        """Events every part of the scheduler has written or given up on (written, failed, dropped:
+        ``shardsched_kube_events_written_total``), summed; a queued Event is not counted yet. For
+        ``serve --bench`` (`shardsched.kube.bench.Bench.wait_events`)."""
+        total = 0
+        for families in self.metric_families().values():
+            for name, _kind, _doc, samples in families:
+                if name == "shardsched_kube_events_written":
+                    total += int(sum(v for _n, labels, v in samples if labels.get("outcome") != "retries"))
+        return total
+
     def stop(self) -> None:
         """Stop the coordinator and shards (binds in flight finish), flush Events and conditions, stop
         Redis if embedded. Safe to call more than once."""
@@ -294,6 +305,8 @@ class KubeRuntime:
             if self.options.mode == THREADS:
                 if self.coordinator is not None:
                     self.coordinator.stop()
+                if isinstance(self.cluster, KubeCluster):
+                    self.cluster.drain_binds()  # binds not yet sent are not sent (pods back in the queue)
                 for s in self.shards:
                     s.stop()
                 # binds in flight get 5 s in all; then closing the connection cancels the rest

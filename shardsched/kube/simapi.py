@@ -8,6 +8,7 @@ cluster (demos, ``serve --bench`` against it, and the tests' HTTP peer). Standar
 Served (JSON only):
 
 - ``GET /version``; ``GET /apis/events.k8s.io/v1`` (discovery; 404 with ``events_api=False``);
+- ``GET /api/v1/namespaces/{name}``: every namespace exists (the simulated cluster takes pods in any);
 - nodes and pods: list (``fieldSelector`` on ``spec.nodeName``, ``spec.schedulerName``,
   ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``;
   ``labelSelector`` with equality and existence terms; ``limit`` and ``continue`` paging, except
@@ -54,6 +55,7 @@ from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, SimClust
 from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
+_NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")
 _BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
 _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
@@ -359,6 +361,10 @@ class SimApiServer:
     def _route(self, h: _Handler, path: str, q: dict, verb: str) -> None:
         if path == "/metrics":
             return h.reply(200, None, raw=generate_latest(self.metrics), content_type=CONTENT_TYPE_LATEST)
+        m = _NAMESPACE.match(path)
+        if m and h.command == "GET":
+            return h.reply(200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": m["name"]},
+                                 "status": {"phase": "Active"}})
         if path == "/version":
             return h.reply(200, {"major": "1", "minor": "99", "gitVersion": "v1.99.0-shardsched-sim"})
         if path == "/apis/events.k8s.io/v1":

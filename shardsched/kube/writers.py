@@ -36,6 +36,9 @@ from shardsched.sim.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
+#: Events written at once by one `EventRecorder` (one queue and thread each)
+EVENT_WRITERS = 8
+
 #: upstream events library: isomorphic events within this window become one series
 SERIES_WINDOW_S = 6 * 60
 #: kube-scheduler's actions
@@ -163,8 +166,10 @@ class EventRecorder:
         self._lock = threading.Lock()
         self._seq = 0
         # one worker per queue, an Event's series always in the same queue: repeats are counted in
-        # order and never race into two Events
-        self.queues = [WorkQueue(f"events-{i}", self._write, capacity=capacity // 2, workers=1) for i in range(2)]
+        # order and never race into two Events; `EVENT_WRITERS` queues write that many Events at once
+        # (with two, a burst's Scheduled Events trailed its binds by seconds: `serve --bench`)
+        self.queues = [WorkQueue(f"events-{i}", self._write, capacity=max(1, capacity // EVENT_WRITERS), workers=1)
+                       for i in range(EVENT_WRITERS)]
 
     @property
     def stats(self) -> dict[str, int]:

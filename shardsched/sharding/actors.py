@@ -88,6 +88,11 @@ class ShardHost:
                 stop_backend()
             except Exception as e:  # noqa: BLE001 - stopping: best effort
                 log.warning("shard %s: stopping its backend: %s", self.shard.member, e)
+    def drain_binds(self):
+        """Whole-scheduler stop: this shard's backend sends no more binds (`KubeCluster.drain_binds`)."""
+        drain = getattr(self._own_backend, "drain_binds", None)
+        if callable(drain):
+            drain()
     def drain(self, fraction=1.0): return self.shard.drain(fraction)
     def retire(self, timeout_s=30.0): return self.shard.retire(timeout_s)
 
@@ -176,6 +181,11 @@ class CoordinatorHost:
         """Stop the coordinator, then every shard at once (each applies its binding cycles and
         writes its queued Events: up to ~10 s, `ShardHost.stop`)."""
         self.coordinator.stop()
+        for s in self.coordinator.shards:  # binds not yet sent are not sent (pods back in the queue)
+            try:
+                s.remote.target.drain_binds.remote()
+            except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
+                pass
         refs = []
         for s in self.coordinator.shards:
             try:
