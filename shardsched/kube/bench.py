@@ -44,7 +44,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -518,19 +518,28 @@ class Bench:
 
     def create_nodes(self, count: int) -> list[str]:
         """Create ``count`` nodes with room for many pods (for clusters without kubelets, e.g. a bare
-        API server); returns their names."""
+        API server), `workers` at once, a progress line every 1,000; returns their names."""
         self._run_nodes = self.run_id
         names = [f"shardsched-bench-{self.run_id}-node-{i:04d}" for i in range(count)]
         alloc = {"cpu": "1000", "memory": "4000Gi", "pods": str(BENCH_NODE_PODS)}
         self._made_nodes = made = []  # as they are made: an interrupted run deletes those
-        for name in names:
+        lock = threading.Lock()
+
+        def one(name: str) -> None:
             self._check()
-            made.append(name)
+            with lock:
+                made.append(name)
+                if len(made) % 1000 == 0:
+                    log.warning("bench: creating nodes, %d of %d", len(made), count)
             register_node(self.api, {"apiVersion": "v1", "kind": "Node",
                                      "metadata": {"name": name, "labels": {BENCH_LABEL: "true",
                                                                            BENCH_RUN_LABEL: self.run_id}},
                                      "spec": {"taints": [dict(BENCH_TAINT)]},
                                      "status": {"capacity": alloc, "allocatable": alloc}})
+        futures = [self.pool.submit(one, name) for name in names]  # `workers` at once
+        wait(futures)  # all settled before an error is raised: `cleanup` then sees every node made
+        for f in futures:
+            f.result()
         return names
 
     def api_baseline(self, n: int, nodes: list[str], report: BenchReport, phase: str = "before") -> None:

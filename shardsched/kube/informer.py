@@ -36,10 +36,11 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import urllib3
 
@@ -269,6 +270,20 @@ class ReflectorStats:
     history: list[str] = field(default_factory=list)  # last few error lines, newest last
 
 
+def shutdown_socket(sock: Any) -> None:
+    """Shut a connection's socket down (both ways) from another thread than its reader's, so that
+    the reader sees the end of the stream. For a TLS socket the TCP socket underneath is shut down:
+    ``SSLSocket.shutdown`` also drops its TLS state, and a read racing it then returns the raw TLS
+    records as if they were the stream's bytes (seen as "not a watch event" lines holding binary).
+    None or a closed socket: nothing to do."""
+    if sock is None:
+        return
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
 class Reflector:
     """List, then watch from the list's resourceVersion, for one `WatchSpec` (client-go's
     Reflector): relist on 410 Gone, reconnect with backoff on connection loss or errors (resuming
@@ -474,14 +489,7 @@ class Reflector:
         resp = self._resp
         if resp is None:
             return
-        try:
-            sock = getattr(getattr(resp, "connection", None), "sock", None)
-            if sock is not None:
-                import socket
-
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown_socket(getattr(getattr(resp, "connection", None), "sock", None))
 
     def stop(self) -> None:
         self._stop.set()
