@@ -86,38 +86,27 @@ def test_token_bucket_allows_burst_then_qps():
 
 
 # ---------------------------------------------------------------------------------------- kubeconfig
-def test_missing_unreadable_and_invalid_kubeconfigs_are_permanent_errors(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, content, match", [
+    ("garbage", b"{{{ not yaml", "garbage"),
+    ("empty", b"apiVersion: v1\nkind: Config\n", "empty"),
+    ("scalar", b"just some words\n", r"scalar: not a kubeconfig: its YAML is a str, expected a mapping"),
+    ("listed", b"- a\n- b\n", r"listed: not a kubeconfig: its YAML is a list"),
+    ("broken", b"apiVersion: v1\nclusters:\n- cluster: {server: [\n", r"broken: not valid YAML at line \d+, column \d+"),
+    ("binary", b"\xff\xfe\x00garbage", "binary: not a text file"),
+    ("blank", b"", "blank: the file is empty"),
+])
+def test_an_invalid_kubeconfig_says_what_is_wrong_with_it(tmp_path, monkeypatch, name, content, match):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(PermanentError, match=match):
+        ClientSpec(kubeconfig=str(path)).configuration()
+
+
+def test_missing_and_unreadable_kubeconfigs_are_permanent_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(PermanentError, match="no such file"):
         ClientSpec(kubeconfig=str(tmp_path / "nope")).configuration()
-    garbage = tmp_path / "garbage"
-    garbage.write_text("{{{ not yaml")
-    with pytest.raises(PermanentError, match="garbage"):
-        ClientSpec(kubeconfig=str(garbage)).configuration()
-    empty = tmp_path / "empty"
-    empty.write_text("apiVersion: v1\nkind: Config\n")
-    with pytest.raises(PermanentError, match="empty"):
-        ClientSpec(kubeconfig=str(empty)).configuration()
-    scalar = tmp_path / "scalar"
-    scalar.write_text("just some words\n")
-    with pytest.raises(PermanentError, match=r"scalar: not a kubeconfig: its YAML is a str, expected a mapping"):
-        ClientSpec(kubeconfig=str(scalar)).configuration()
-    listed = tmp_path / "listed"
-    listed.write_text("- a\n- b\n")
-    with pytest.raises(PermanentError, match=r"listed: not a kubeconfig: its YAML is a list"):
-        ClientSpec(kubeconfig=str(listed)).configuration()
-    broken = tmp_path / "broken"
-    broken.write_text("apiVersion: v1\nclusters:\n- cluster: {server: [\n")
-    with pytest.raises(PermanentError, match=r"broken: not valid YAML at line \d+, column \d+"):
-        ClientSpec(kubeconfig=str(broken)).configuration()
-    binary = tmp_path / "binary"
-    binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(PermanentError, match="binary: not a text file"):
-        ClientSpec(kubeconfig=str(binary)).configuration()
-    blank = tmp_path / "blank"
-    blank.write_text("")
-    with pytest.raises(PermanentError, match="blank: the file is empty"):
-        ClientSpec(kubeconfig=str(blank)).configuration()
     if os.geteuid() != 0:  # root reads anything
         locked = tmp_path / "locked"
         locked.write_text("x")
