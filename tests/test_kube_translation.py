@@ -105,8 +105,11 @@ def test_an_invalid_kubeconfig_says_what_is_wrong_with_it(tmp_path, monkeypatch,
 
 def test_missing_and_unreadable_kubeconfigs_are_permanent_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(PermanentError, match="no such file"):
+    with pytest.raises(PermanentError, match="no such file$"):  # given with --kubeconfig: no advice to pass it
         ClientSpec(kubeconfig=str(tmp_path / "nope")).configuration()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "from-env"))
+    with pytest.raises(PermanentError, match=r"from-env: no such file \(pass --kubeconfig"):
+        ClientSpec().configuration()
     if os.geteuid() != 0:  # root reads anything
         locked = tmp_path / "locked"
         locked.write_text("x")

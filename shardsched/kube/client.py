@@ -150,8 +150,9 @@ class ClientSpec:
                 return cfg
             path = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
             if not os.path.exists(path):
-                raise PermanentError(f"kubeconfig {path}: no such file (pass --kubeconfig, or run in a pod with a "
-                                     "service account for the in-cluster configuration)")
+                hint = "" if self.kubeconfig else (" (pass --kubeconfig, or run in a pod with a service account for "
+                                                   "the in-cluster configuration)")
+                raise PermanentError(f"kubeconfig {path}: no such file{hint}")
             if not os.access(path, os.R_OK):
                 raise PermanentError(f"kubeconfig {path}: not readable by this user")
             _check_kubeconfig_shape(path)
