@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shardsched.errors import PermanentError
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
-from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec
+from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec, list_all
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import POD
 from shardsched.sim.errors import AlreadyExists, Conflict, NotFound
@@ -413,19 +413,11 @@ class Bench:
         list(self.pool.map(one, names))
 
     def _list(self, path: str, resource: str, **selectors: str) -> list[dict]:
-        """Every object of a list, in pages of `LIST_PAGE` (``limit``/``continue``: a large
-        cluster's pods are not one response)."""
+        """Every object of a list (`shardsched.kube.informer.list_all`, pages of `LIST_PAGE`: a
+        large cluster's pods are not one response)."""
         query = [(k, v) for k, v in (("labelSelector", selectors.get("label")),
                                      ("fieldSelector", selectors.get("field"))) if v]
-        items: list[dict] = []
-        token = ""
-        while True:
-            page = query + [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
-            data = self.api.request("GET", path, verb="list", resource=resource, query=page)
-            items.extend(data.get("items") or [])
-            token = (data.get("metadata") or {}).get("continue") or ""
-            if not token:
-                return items
+        return list_all(self.api, path, resource, query, LIST_PAGE)[0]
 
     def nodes(self) -> list[str]:
         return [n["metadata"]["name"] for n in self._list("/api/v1/nodes", "nodes")]
@@ -577,8 +569,8 @@ class Bench:
         if before is not None and after is not None:
             self._server_baseline = [self._server_baseline[0] + after.bind_s - before.bind_s,
                                      self._server_baseline[1] + after.binds - before.binds]
-            report.api_server_bind_ms["baseline"] = _mean_ms(ServerSample(0.0, 0.0, None, 0.0),
-                                                             ServerSample(*self._server_baseline, None, 0.0))
+            seconds, count = self._server_baseline
+            report.api_server_bind_ms["baseline"] = round(seconds / count * 1000, 2) if count else None
         self._cpu_baseline.add(before, after, binds, wall_s=wall)
         report.api_server_cpu["baseline"] = self._cpu_baseline.figures()
         _cpu_ratios(report)

@@ -270,6 +270,47 @@ class ReflectorStats:
     history: list[str] = field(default_factory=list)  # last few error lines, newest last
 
 
+def list_all(api: Any, path: str, resource: str, query: list[tuple[str, str]], page_size: int = 500,
+             first: list[tuple[str, str]] | tuple = (), name: str = "") -> tuple[list[dict], str, int]:
+    """Every object of a list, read in pages of ``page_size`` (``limit``/``continue``; 0 = one
+    answer). ``first``: parameters of the first page only (a continued page carries no
+    resourceVersion). A continuation that expired (410) lists again from the start.
+
+    Returns: (objects with a ``metadata`` mapping, the list's resourceVersion, how many items were
+        not objects and were skipped).
+    Raises: the typed errors of `Api.request`; `Garbage` for an answer that is not a list or a
+        list without ``metadata.resourceVersion``.
+    """
+    items: list[dict] = []
+    garbage = 0
+    cont = ""
+    while True:
+        page_query = list(query) + ([("limit", str(page_size))] if page_size else [])
+        page_query += [("continue", cont)] if cont else list(first)
+        try:
+            page = api.request("GET", path, verb="list", resource=resource, query=page_query)
+        except Gone:
+            if not cont:
+                raise
+            log.info("%s: list continuation expired; listing again from the start", name or resource)
+            items, garbage, cont = [], 0, ""
+            continue
+        if not isinstance(page, dict) or not isinstance(page.get("items", []), list):
+            raise Garbage(f"list {resource}: the answer is not a list: {str(page)[:120]}")
+        meta = page.get("metadata") or {}
+        for obj in page.get("items") or []:
+            if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+                items.append(obj)
+            else:
+                garbage += 1
+        cont = meta.get("continue") or ""
+        if not cont:
+            rv = meta.get("resourceVersion")
+            if not rv:
+                raise Garbage(f"list {resource}: the answer has no metadata.resourceVersion")
+            return items, rv, garbage
+
+
 def shutdown_socket(sock: Any) -> None:
     """Shut a connection's socket down (both ways) from another thread than its reader's, so that
     the reader sees the end of the stream. For a TLS socket the TCP socket underneath is shut down:
@@ -333,40 +374,13 @@ class Reflector:
         Raises: the typed errors of `Api.request`; `Garbage` for a list without items or
         resourceVersion.
         """
-        items: list[dict] = []
-        cont = ""
-        while True:
-            query = self._query()
-            if self.page_size:
-                query.append(("limit", str(self.page_size)))
-            if cont:
-                query.append(("continue", cont))  # (a continued page carries no resourceVersion)
-            elif not self.consistent_list:
-                query.append(("resourceVersion", "0"))
-            try:
-                page = self.api.request("GET", self.spec.path, verb="list", resource=self.spec.resource, query=query)
-            except Gone:
-                if not cont:
-                    raise
-                log.info("%s: list continuation expired; listing again from the start", self.spec.name)
-                items, cont = [], ""
-                continue
-            if not isinstance(page, dict) or not isinstance(page.get("items", []), list):
-                raise Garbage(f"list {self.spec.resource}: the answer is not a list: {str(page)[:120]}")
-            meta = page.get("metadata") or {}
-            for obj in page.get("items") or []:
-                if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
-                    obj.setdefault("kind", self.spec.kind)
-                    obj.setdefault("apiVersion", "v1")
-                    items.append(obj)
-                else:
-                    self.stats.garbage += 1
-            cont = meta.get("continue") or ""
-            if not cont:
-                rv = meta.get("resourceVersion")
-                if not rv:
-                    raise Garbage(f"list {self.spec.resource}: the answer has no metadata.resourceVersion")
-                break
+        first = [] if self.consistent_list else [("resourceVersion", "0")]
+        items, rv, garbage = list_all(self.api, self.spec.path, self.spec.resource, self._query(), self.page_size,
+                                      first, self.spec.name)
+        self.stats.garbage += garbage
+        for obj in items:
+            obj.setdefault("kind", self.spec.kind)
+            obj.setdefault("apiVersion", "v1")
         self.store.replace(self.spec.name, items)
         self.consistent_list = False
         self.stats.lists += 1
