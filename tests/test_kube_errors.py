@@ -163,13 +163,13 @@ def test_watch_410_relists_and_reports_the_difference(server, cluster):
     server.compact()  # the reconnect from the old resourceVersion gets 410, then relists
     wait_for(lambda: {(e.type, e.object["metadata"]["name"]) for e in cluster.events_since(rv)[0]}
              >= {("DELETED", "early"), ("ADDED", "late")})
-    lists = cluster.health()["watches"][f"pods-unbound:{SCHED}"]["lists"]
+    lists = cluster.health()["watches"][f"pods-ours:{SCHED}"]["lists"]
     assert lists == 2
     assert p["metadata"]["uid"] not in {x["metadata"]["uid"] for x in cluster.list_pods()[0]}
     # as client-go: the first list from the watch cache (resourceVersion=0), the relist after 410
     # a consistent read (no resourceVersion)
     unbound_lists = [q for m, path, q in server.queries
-                     if path == "/api/v1/pods" and "watch" not in q and q.get("fieldSelector", "").endswith(SCHED)]
+                     if path == "/api/v1/pods" and "watch" not in q and q.get("fieldSelector", "").startswith(f"spec.schedulerName={SCHED},")]
     assert [q.get("resourceVersion") for q in unbound_lists] == ["0", None]
 
 
@@ -181,7 +181,7 @@ def test_the_first_list_comes_whole_from_the_watch_cache_and_a_consistent_relist
     for i in range(7):
         pending(server.sim, f"many-{i}")
     specs = {s.name: s for s in watch_specs([SCHED])}
-    unbound = specs[f"pods-unbound:{SCHED}"]
+    unbound = specs[f"pods-ours:{SCHED}"]
     api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
     store = Store(specs.values())
     r = Reflector(api, store, unbound, watch_timeout_s=5, page_size=3)
@@ -409,3 +409,50 @@ def test_a_watch_cut_from_another_thread_never_reads_raw_tls_bytes(tmp_path):
         client.close()
         listener.close()
         t.join(5)
+
+
+def test_scheduled_events_wait_for_the_binds_in_flight(server, cluster):
+    """The Events of a process go out one at a time while it has binds in flight (the binds get
+    the API server first) and all of them once the binds are done."""
+    import threading
+
+    pods = [pending(server.sim, f"ev-{i}") for i in range(9)]
+    real_bind, real_record = server.sim.bind_many, server.sim.record_event
+    lock, state = threading.Lock(), {"binding": False, "inside": 0, "peak_while_binding": 0, "written": 0}
+
+    def slow_bind(bindings):
+        with lock:
+            state["binding"] = True
+        try:
+            time.sleep(0.8)
+            return real_bind(bindings)
+        finally:
+            with lock:
+                state["binding"] = False
+
+    def slow_record(*args, **kwargs):
+        with lock:
+            state["inside"] += 1
+            if state["binding"]:
+                state["peak_while_binding"] = max(state["peak_while_binding"], state["inside"])
+        try:
+            time.sleep(0.05)
+            return real_record(*args, **kwargs)
+        finally:
+            with lock:
+                state["inside"] -= 1
+                state["written"] += 1
+
+    server.sim.record_event = slow_record
+    try:
+        # the Scheduled Events of a first bind, then a second bind that takes the server 0.8 s
+        assert [r.code for r in cluster.bind_many([("default", p["metadata"]["name"], "n0", p["metadata"]["uid"])
+                                                   for p in pods[:8]])] == [201] * 8
+        server.sim.bind_many = slow_bind
+        assert [r.code for r in cluster.bind_many([("default", "ev-8", "n0", pods[8]["metadata"]["uid"])])] == [201]
+        assert cluster.flush(10)
+    finally:
+        server.sim.bind_many, server.sim.record_event = real_bind, real_record
+    assert state["written"] == 9
+    assert state["peak_while_binding"] <= 1, state
+    assert cluster.gate.waits >= 1, "Events were held back while binding"

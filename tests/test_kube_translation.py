@@ -127,24 +127,31 @@ def _pod(uid: str, rv: int, node: str = "") -> dict:
             "spec": spec}
 
 
-UNBOUND = f"pods-unbound:{SCHED}"
+OURS = f"pods-ours:{SCHED}"
+
+
+def test_each_pod_is_on_one_watch_and_a_bind_is_one_change():
+    """Our pods (pending or bound) come from our schedulerName's watch, the other bound pods from
+    the bound-pods watch, which excludes our names: no pod is on both, so a bind is one MODIFIED."""
+    specs = {s.name: s for s in watch_specs([SCHED, "other-profile"])}
+    assert set(specs) == {"nodes", BOUND_WATCH, OURS, "pods-ours:other-profile"}
+    live = "status.phase!=Succeeded,status.phase!=Failed"
+    assert specs[OURS].field_selector == f"spec.schedulerName={SCHED},{live}"
+    assert specs[BOUND_WATCH].field_selector == (
+        f"spec.nodeName!=,{live},spec.schedulerName!=other-profile,spec.schedulerName!={SCHED}")  # names sorted
 
 
 @pytest.mark.parametrize("steps,want_events,want_pods", [
-    # bind seen on the unbound watch (selector exit) first, then on the bound watch
-    ([(UNBOUND, ADDED, 1, ""), (UNBOUND, DELETED, 1, ""), (BOUND_WATCH, ADDED, 2, "n1")],
-     [ADDED, DELETED, ADDED], {"p": "n1"}),
-    # bound watch first: the late selector exit must not delete the bound pod
-    ([(UNBOUND, ADDED, 1, ""), (BOUND_WATCH, ADDED, 2, "n1"), (UNBOUND, DELETED, 1, "")],
-     [ADDED, ADDED], {"p": "n1"}),
-    # an older unbound state arriving after the bind must not resurrect a pending pod
-    ([(BOUND_WATCH, ADDED, 3, "n1"), (UNBOUND, MODIFIED, 2, "")], [ADDED], {"p": "n1"}),
+    # our pending pod, then bound (by us or by a rival): one MODIFIED carrying the node
+    ([(OURS, ADDED, 1, ""), (OURS, MODIFIED, 2, "n1")], [ADDED, MODIFIED], {"p": "n1"}),
     # a real deletion of a pending pod
-    ([(UNBOUND, ADDED, 1, ""), (UNBOUND, DELETED, 2, "")], [ADDED, DELETED], {}),
-    # a bound pod that ends (terminal phases leave the bound watch as DELETED)
+    ([(OURS, ADDED, 1, ""), (OURS, DELETED, 2, "")], [ADDED, DELETED], {}),
+    # another scheduler's pod bound to a node, then terminal (it leaves the selector: DELETED)
     ([(BOUND_WATCH, ADDED, 1, "n1"), (BOUND_WATCH, DELETED, 2, "n1")], [ADDED, DELETED], {}),
-], ids=["unbound-exit-first", "bound-first", "stale-unbound", "pending-deleted", "bound-ends"])
-def test_store_merges_the_two_pod_watches(steps, want_events, want_pods):
+    # a DELETED for a pod never seen tells the coordinator nothing
+    ([(OURS, DELETED, 1, "")], [], {}),
+], ids=["bind", "pending-deleted", "other-bound-ends", "unknown-deleted"])
+def test_store_applies_the_pod_watches(steps, want_events, want_pods):
     store = Store(watch_specs([SCHED]))
     for watch, typ, rv, node in steps:
         store.apply(watch, typ, _pod("p", rv, node))
@@ -156,18 +163,18 @@ def test_store_merges_the_two_pod_watches(steps, want_events, want_pods):
 
 def test_relist_emits_the_differences_and_the_log_answers_gone_when_compacted():
     store = Store(watch_specs([SCHED]), log_limit=4)
-    store.replace(UNBOUND, [_pod("a", 1), _pod("b", 1)])
+    store.replace(OURS, [_pod("a", 1), _pod("b", 1)])
     _, seq = store.list_nodes()
     pods, seq2 = store.list_pods()
     assert seq == seq2 == 2 and len(pods) == 2  # list_pods pinned at list_nodes' moment
-    n = store.replace(UNBOUND, [_pod("a", 1), _pod("b", 5), _pod("c", 5)])  # b changed, c new
+    n = store.replace(OURS, [_pod("a", 1), _pod("b", 5), _pod("c", 5)])  # b changed, c new
     assert n == 2
-    assert store.replace(UNBOUND, [_pod("c", 5)]) == 2  # a and b gone
+    assert store.replace(OURS, [_pod("c", 5)]) == 2  # a and b gone
     events, _ = store.since(2)
     assert [(e.type, e.object["metadata"]["uid"]) for e in events] == [
         (MODIFIED, "b"), (ADDED, "c"), (DELETED, "a"), (DELETED, "b")]
     for i in range(10):
-        store.apply(UNBOUND, MODIFIED, _pod("c", 10 + i))
+        store.apply(OURS, MODIFIED, _pod("c", 10 + i))
     with pytest.raises(Gone):
         store.since(2)
     with pytest.raises(Gone):
@@ -240,3 +247,49 @@ def test_a_writer_queue_reports_given_up_items_once_per_interval_with_the_count(
     assert q.stats["failed"] == 21
     assert len(first) == 1 and "1 item(s) given up" in first[0] and "(0)" in first[0]
     assert len(lines) == 2 and "20 item(s) given up" in lines[1] and "(later)" in lines[1]
+
+
+def test_events_and_conditions_yield_to_binds_in_flight():
+    """While this process binds, one Event/condition write at a time goes out (and does go out);
+    once the binds are done (and the linger passed), writes go out side by side again."""
+    import threading
+
+    from shardsched.kube.writers import BindsFirst
+
+    gate = BindsFirst(while_binding=1, linger_s=0.02)
+    lock, inside, peak, done = threading.Lock(), [0], [0], []
+
+    def write(barrier: threading.Barrier | None = None) -> None:
+        with gate.writing():
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            try:
+                if barrier is not None:
+                    barrier.wait(timeout=5)  # all four at once, or BrokenBarrierError
+                else:
+                    threading.Event().wait(0.01)
+            finally:
+                with lock:
+                    inside[0] -= 1
+                done.append(1)
+
+    with gate.binding():
+        assert gate.busy()
+        writers = [threading.Thread(target=write) for _ in range(4)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(5)
+        assert len(done) == 4 and peak[0] == 1, "one write at a time while binding, and each went out"
+        assert gate.waits >= 1
+    barrier = threading.Barrier(4)
+    writers = [threading.Thread(target=write, args=(barrier,)) for _ in range(4)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(5)
+    assert len(done) == 8 and peak[0] == 4 and not barrier.broken, "side by side once the binds are done"
+    assert not gate.busy()
+    with pytest.raises(ValueError, match="at least 1"):
+        BindsFirst(while_binding=0)

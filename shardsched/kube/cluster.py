@@ -40,7 +40,7 @@ from shardsched.errors import PermanentError
 from shardsched.kube.aio import AioApi
 from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector, Store, watch_specs
-from shardsched.kube.writers import EventRecorder, StatusWriter
+from shardsched.kube.writers import BindsFirst, EventRecorder, StatusWriter
 from shardsched.sim.cluster import BindResult, WatchEvent
 from shardsched.sim.errors import Timeout
 
@@ -104,6 +104,7 @@ class KubeCluster:
         self._bind_api: AioApi | None = None
         self._recorder: EventRecorder | None = None
         self._status: StatusWriter | None = None
+        self.gate = BindsFirst()  # the Events and conditions of this copy yield to its binds
         self._reflectors: list[Reflector] = []
         self._started = False
         self._draining = False  # `drain_binds`: binds not yet sent answer NOT_APPLIED
@@ -149,13 +150,13 @@ class KubeCluster:
     def recorder(self) -> EventRecorder:
         with self._lock:
             if self._recorder is None:
-                self._recorder = EventRecorder(self._writes(), self.scheduler_names[0])
+                self._recorder = EventRecorder(self._writes(), self.scheduler_names[0], gate=self.gate)
             return self._recorder
 
     def _status_writer(self) -> StatusWriter:
         with self._lock:
             if self._status is None:
-                self._status = StatusWriter(self._writes(), self.store.pod)
+                self._status = StatusWriter(self._writes(), self.store.pod, gate=self.gate)
             return self._status
 
     def start(self) -> None:
@@ -224,7 +225,8 @@ class KubeCluster:
         if not bindings:
             return []
         api = self._binder()
-        results = api.run(self._bind_all(api, bindings))
+        with self.gate.binding():
+            results = api.run(self._bind_all(api, bindings))
         if self.emit_scheduled:
             self._emit_scheduled(bindings, results)
         with self._lock:
@@ -371,6 +373,9 @@ class KubeCluster:
                     [({"watch": w}, s.garbage) for w, s in stats.items()]),
             counter("shardsched_kube_binds", "Bind requests by result code (201, 404, 409, 500, 504).",
                     [({"code": str(c)}, n) for c, n in sorted(self.bind_counts.items())]),
+            counter("shardsched_kube_writes_held_for_binds",
+                    "Event and condition writes that waited for this process's binds in flight (binds first).",
+                    [({}, self.gate.waits)]),
         ]
         for stats, name in ((self._recorder and self._recorder.stats, "events"),
                             (self._status and self._status.queue.stats, "conditions")):

@@ -5,23 +5,26 @@ store plus a bounded event log). The store serves the cluster protocol the coord
 snapshots with a sequence number, and `Store.since` for the events after one (raising `Gone` once
 the log no longer reaches back, exactly as the simulated cluster does).
 
-Pods come from two kinds of watch, both filtered on the server:
+Pods come from two kinds of watch, both filtered on the server, that never send the same pod:
 
-- ``UNBOUND``, one per schedulerName of our profiles: ``spec.nodeName=,spec.schedulerName=<name>``
-  (only our pending pods are ever sent to us);
-- ``BOUND``: ``spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`` (every pod that uses a
-  node, whoever bound it: default scheduler, DaemonSets, static pods, a rival scheduler).
+- ``OURS``, one per schedulerName of our profiles:
+  ``spec.schedulerName=<name>,status.phase!=Succeeded,status.phase!=Failed`` (our pods, pending
+  and bound: no other scheduler's pending pod is ever sent to us);
+- ``BOUND``: ``spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`` plus
+  ``spec.schedulerName!=<name>`` for each of ours (every other pod that uses a node, whoever bound
+  it: default scheduler, DaemonSets, static pods).
 
-A watch with a field selector reports an object that stops matching as DELETED (kube's cacher
-sends the previous state). So when a pod gets bound, its UNBOUND watch says DELETED and the BOUND
-watch says ADDED, in either order between the two streams. The store merges them by pod uid:
+A pod's schedulerName cannot change, so each pod is on exactly one watch and its changes arrive in
+order: a bind of one of our pods (by us or by a rival binding it directly) is one MODIFIED event
+carrying ``spec.nodeName``, as kube-scheduler's own single pod watch sees it. The coordinator
+queues the pods without ``spec.nodeName`` and counts the others on their nodes.
 
-- an UNBOUND DELETED for a pod the BOUND watch already has is a selector exit: dropped;
-- an UNBOUND ADDED/MODIFIED for a pod the BOUND watch has is an older state arriving late: dropped;
-- an UNBOUND DELETED for a pod not (yet) seen bound is passed on: the coordinator forgets the pending
-  pod, and the BOUND ADDED that follows (if it was a bind) counts it on its node.
-
-So a pod bound by anyone is counted exactly once, and never resurrected as pending.
+This split costs the API server one watch event per bind. A watch of our pending pods alone
+(``spec.nodeName=,spec.schedulerName=<name>``) beside a watch of all bound pods gets two for the
+same bind (the pending watch's DELETED when the pod leaves its selector, the bound watch's ADDED),
+and on an API server that is the limit of a burst that second event per pod cost more of its CPU
+than the bind itself gained (docs/kubernetes.md, Benchmark). Terminal pods leave either watch as
+DELETED (a field selector's exit), so they free their node's resources.
 
 The first list is served from the API server's watch cache (``resourceVersion=0``), a relist after
 410 Gone is a consistent read, as client-go's Reflector does (`Reflector`).
@@ -51,7 +54,7 @@ from shardsched.sim.errors import Gone, Invalid, read_event_log
 
 log = logging.getLogger(__name__)
 
-NODES, BOUND, UNBOUND = "nodes", "bound", "unbound"
+NODES, BOUND, OURS = "nodes", "bound", "ours"
 BOUND_WATCH = "pods-bound"
 #: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
 _CHANGES = (ADDED, MODIFIED, DELETED)
@@ -60,7 +63,7 @@ _CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND or UNBOUND) and an optional server-side
+    ``field_selector``, ``role`` (NODES, BOUND or OURS) and an optional server-side
     ``label_selector``."""
 
     name: str
@@ -78,14 +81,15 @@ class WatchSpec:
 
 
 def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
-    """The watches of a scheduler serving ``scheduler_names``: nodes, bound pods, and the unbound
-    pods of each scheduler name (see module docstring)."""
+    """The watches of a scheduler serving ``scheduler_names``: nodes, each name's pods, and the
+    other pods bound to nodes (see module docstring)."""
+    names = sorted(set(scheduler_names))
+    live = "status.phase!=Succeeded,status.phase!=Failed"
+    others = "".join(f",spec.schedulerName!={name}" for name in names)
     specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
-             WatchSpec(BOUND_WATCH, POD, "/api/v1/pods",
-                       "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", BOUND)]
-    for name in sorted(set(scheduler_names)):
-        specs.append(WatchSpec(f"pods-unbound:{name}", POD, "/api/v1/pods",
-                               f"spec.nodeName=,spec.schedulerName={name}", UNBOUND))
+             WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
+    for name in names:
+        specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
     return specs
 
 
@@ -116,7 +120,7 @@ class Store:
     def __init__(self, specs: Iterable[WatchSpec], log_limit: int = 100_000) -> None:
         self.specs = {s.name: s for s in specs}
         self._members: dict[str, dict[str, dict]] = {name: {} for name in self.specs}
-        self._unbound = [s.name for s in self.specs.values() if s.role == UNBOUND]
+        self._pod_watches = [s.name for s in self.specs.values() if s.kind == POD]
         self._by_name: dict[str, dict] = {}  # "namespace/name" -> latest pod (any pod watch)
         self._lock = threading.Lock()
         self._log: list[WatchEvent] = []
@@ -159,23 +163,11 @@ class Store:
         if k is None:
             return
         mine = self._members[spec.name]
-        if spec.role == UNBOUND:
-            bound = self._members[BOUND_WATCH]
-            if type_ == DELETED:
-                was = mine.pop(k, None)
-                if was is None or k in bound:
-                    return  # selector exit of a pod now bound, or already gone
-            elif k in bound:
-                return  # an older, unbound state arriving after the bound one
-            else:
-                mine[k] = obj
-        elif type_ == DELETED:
-            mine.pop(k, None)
+        if type_ == DELETED:
+            if mine.pop(k, None) is None:
+                return  # never seen (or already gone): nothing to tell
         else:
             mine[k] = obj
-            if spec.role == BOUND:
-                for name in self._unbound:
-                    self._members[name].pop(k, None)
         if spec.kind == POD:
             meta = obj.get("metadata") or {}
             name_key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -193,11 +185,7 @@ class Store:
 
     # ------------------------------------------------------------------ reads (the protocol)
     def _pods(self) -> list[dict]:
-        merged: dict[str, dict] = {}
-        for name in self._unbound:
-            merged.update(self._members[name])
-        merged.update(self._members[BOUND_WATCH])
-        return list(merged.values())
+        return [obj for name in self._pod_watches for obj in self._members[name].values()]
 
     def list_nodes(self) -> tuple[list[dict], int]:
         """All nodes and the sequence number to call `since` with. Pins the pods of the same moment

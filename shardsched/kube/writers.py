@@ -14,6 +14,8 @@
   and no request is made when the pod already has that condition.
 
 Both are asynchronous and best-effort like upstream's broadcaster: callers never wait for the API.
+Both yield to the binds of their process (`BindsFirst`): while binds are in flight, one write at a
+time goes out, so that in a burst the API server spends itself on placing pods first.
 Work goes through a bounded `WorkQueue`; condition updates are coalesced per pod (only the newest
 is written), Events beyond the capacity are dropped and counted. Temporary failures are retried a
 few times with backoff; a 404 (the pod or its namespace is gone) drops the item; a 403 is logged as
@@ -27,8 +29,9 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 from shardsched.errors import PermanentError, TemporaryError, ThrottledLog
 from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api
@@ -38,6 +41,12 @@ log = logging.getLogger(__name__)
 
 #: Events written at once by one `EventRecorder` (one queue and thread each)
 EVENT_WRITERS = 8
+
+#: Event and condition writes in flight at once while the same process binds (`BindsFirst`)
+WRITES_WHILE_BINDING = 1
+#: after a process's last bind returns, how long its writers still count it as binding: a shard's
+#: binding cycles follow each other with a few milliseconds between them
+BIND_LINGER_S = 0.05
 
 #: upstream events library: isomorphic events within this window become one series
 SERIES_WINDOW_S = 6 * 60
@@ -54,6 +63,70 @@ def micro_time(t: float | None = None) -> str:
 def rfc3339(t: float | None = None) -> str:
     """``metav1.Time`` (RFC 3339, seconds, UTC)."""
     return datetime.fromtimestamp(time.time() if t is None else t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class BindsFirst:
+    """Binds before Events and conditions, within one process.
+
+    kube-scheduler writes its Events through a client of their own, with their own rate limit
+    (``clientConnection.qps``, 50/s) and a bounded queue that drops when full, so in a burst its
+    binds get the API server. shardsched writes every Event (nothing dropped while fewer than
+    10,000 wait) but, while this process has binds in flight (or had them within ``linger_s``),
+    lets at most ``while_binding`` Event or condition writes out at once. A pod waits on its bind,
+    not on its Event: on an API server that is already the limit (serve --bench) the Events would
+    otherwise take their share of it in the middle of the burst. They still make progress during a
+    long burst (``while_binding`` >= 1) and go out at full width once it ends.
+
+    ``binding()`` wraps a bind call; ``writing()`` wraps one write (blocks while the gate is shut).
+    """
+
+    def __init__(self, while_binding: int = WRITES_WHILE_BINDING, linger_s: float = BIND_LINGER_S) -> None:
+        if while_binding < 1:
+            raise ValueError("while_binding: at least 1, or the Events of a steady stream of binds never go out")
+        self.while_binding = while_binding
+        self.linger_s = linger_s
+        self._cond = threading.Condition()
+        self._binding = 0
+        self._writing = 0
+        self._bind_ended = float("-inf")  # monotonic time the last bind call returned
+        self.waits = 0  # writes that had to wait for the binds (a figure for tests and /metrics)
+
+    @contextmanager
+    def binding(self) -> Iterator[None]:
+        with self._cond:
+            self._binding += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._binding -= 1
+                self._bind_ended = time.monotonic()
+                self._cond.notify_all()
+
+    def busy(self) -> bool:
+        """Binds in flight, or the last returned less than ``linger_s`` ago."""
+        with self._cond:
+            return self._busy_locked()
+
+    def _busy_locked(self) -> bool:
+        return self._binding > 0 or time.monotonic() - self._bind_ended < self.linger_s
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            waited = False
+            while self._writing >= self.while_binding and self._busy_locked():
+                waited = True
+                left = self.linger_s - (time.monotonic() - self._bind_ended)
+                self._cond.wait(left if self._binding == 0 and left > 0 else None)
+            self.waits += waited
+            self._writing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing -= 1
+                self._cond.notify_all()
 
 
 class WorkQueue:
@@ -155,10 +228,14 @@ class EventRecorder:
         api: the connection (its rate limiter applies).
         default_controller: ``reportingController`` when the caller names none (a profile's
             schedulerName).
+        gate: the binds of this process this recorder yields to (None: a gate of its own, never
+            shut).
     """
 
-    def __init__(self, api: Api, default_controller: str, capacity: int = 10_000) -> None:
+    def __init__(self, api: Api, default_controller: str, capacity: int = 10_000,
+                 gate: BindsFirst | None = None) -> None:
         self.api = api
+        self.gate = gate or BindsFirst()
         self.default_controller = default_controller
         self.host = socket.gethostname()
         self._new_api: bool | None = None  # events.k8s.io/v1 served? (None: not asked yet)
@@ -168,7 +245,7 @@ class EventRecorder:
         # one worker per queue, an Event's series always in the same queue: repeats are counted in
         # order and never race into two Events; `EVENT_WRITERS` queues write that many Events at once
         # (with two, a burst's Scheduled Events trailed its binds by seconds: `serve --bench`)
-        self.queues = [WorkQueue(f"events-{i}", self._write, capacity=max(1, capacity // EVENT_WRITERS), workers=1)
+        self.queues = [WorkQueue(f"events-{i}", self._gated_write, capacity=max(1, capacity // EVENT_WRITERS), workers=1)
                        for i in range(EVENT_WRITERS)]
 
     @property
@@ -205,6 +282,10 @@ class EventRecorder:
                 log.info("events.k8s.io/v1 is not served; recording core/v1 Events")
                 self._new_api = False
         return self._new_api
+
+    def _gated_write(self, item: tuple) -> None:
+        with self.gate.writing():
+            self._write(item)
 
     def _write(self, item: tuple) -> None:
         ref, type_, reason, message, controller, t = item
@@ -282,17 +363,23 @@ class StatusWriter:
     Args:
         api: the connection. current: (namespace, name) -> the pod as last seen on the watch, or
             None (then the patch is sent without the no-change check).
+        gate: the binds of this process this writer yields to (None: never shut).
     """
 
-    def __init__(self, api: Api, current: Callable[[str, str], dict | None]) -> None:
+    def __init__(self, api: Api, current: Callable[[str, str], dict | None], gate: BindsFirst | None = None) -> None:
         self.api = api
         self.current = current
-        self.queue = WorkQueue("pod-status", self._write, capacity=1_000_000)
+        self.gate = gate or BindsFirst()
+        self.queue = WorkQueue("pod-status", self._gated_write, capacity=1_000_000)
         self.skipped = 0
 
     def set_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> None:
         """Queue ``condition`` for the pod (replacing one still queued for it). Never blocks."""
         self.queue.put((namespace, name, condition.get("type")), (namespace, name, dict(condition)))
+
+    def _gated_write(self, item: tuple) -> None:
+        with self.gate.writing():
+            self._write(item)
 
     def _write(self, item: tuple) -> None:
         namespace, name, condition = item
