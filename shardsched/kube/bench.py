@@ -125,6 +125,11 @@ class BenchReport:
     #: bind when that was not measured): ``ratio_with_events`` ~= busy_ratio / cost_ratio.
     api_server_cpu: dict = field(default_factory=lambda: {"baseline": None, "shardsched": None,
                                                           "busy_ratio": None, "cost_ratio": None})
+    #: ``api_server_cpu``'s shardsched, busy_ratio and cost_ratio over the binds alone (the window
+    #: closed at the last bind, before the Events that trail it): what the server did while the
+    #: pods' binding rate was measured
+    api_server_cpu_binds: dict = field(default_factory=lambda: {"shardsched": None, "busy_ratio": None,
+                                                                "cost_ratio": None})
     #: seconds from the last bind seen until shardsched had written the Scheduled Event of every
     #: pod bound (`Bench.wait_events`); None when not measured
     events_lag_s: float | None = None
@@ -320,11 +325,14 @@ def _mean_ms(before: ServerSample | None, after: ServerSample | None) -> float |
 
 
 def _cpu_ratios(report: BenchReport) -> None:
-    cpu = report.api_server_cpu
-    base, window = cpu["baseline"], cpu["shardsched"]
-    if base and window and base["cores"] > 0 and base["ms_per_pod"] > 0:
-        cpu["busy_ratio"] = round(window["cores"] / base["cores"], 3)
-        cpu["cost_ratio"] = round(window["ms_per_pod"] / base["ms_per_pod"], 3)
+    """busy_ratio and cost_ratio of both windows (to the Events, to the last bind) against the
+    baselines so far (again after the second)."""
+    base = report.api_server_cpu["baseline"]
+    for cpu in (report.api_server_cpu, report.api_server_cpu_binds):
+        window = cpu["shardsched"]
+        if base and window and base["cores"] > 0 and base["ms_per_pod"] > 0:
+            cpu["busy_ratio"] = round(window["cores"] / base["cores"], 3)
+            cpu["cost_ratio"] = round(window["ms_per_pod"] / base["ms_per_pod"], 3)
 
 
 class _CpuTally:
@@ -699,6 +707,7 @@ class Bench:
         if not unknown:  # cores busy and CPU per pod bound, from measure's start to the last bind
             self._window = (window_start, sum(1 for t in bound_at.values() if t >= window_start_unix))
             self._server_window(report, window_end)
+            report.api_server_cpu_binds = {k: report.api_server_cpu[k] for k in ("shardsched", "busy_ratio", "cost_ratio")}
         if bound_at:
             started_at = min(started_at, min(bound_at.values()))
             report.wall_s = max(bound_at.values()) - started_at
