@@ -316,6 +316,9 @@ def check_bench_report(report: dict, pods: int) -> None:
     assert report["pods_per_s"] > 0 and report["api_binds_per_s"] > 0
     assert report["ratio"] == pytest.approx(report["pods_per_s"] / report["api_binds_per_s"], rel=0.01)
     assert 0 <= report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+    # the first bind came within the window, and no pod was bound before it
+    assert 0 <= report["first_bind_s"] <= report["wall_s"]
+    assert report["latency_ms"]["p50"] / 1000 >= report["first_bind_s"] - 0.05
     assert set(report["api_server_bind_ms"]) == {"baseline", "shardsched"}
     # the bench waited for the Scheduled Events (written behind the binds) before stopping the scheduler
     assert report["events_lag_s"] is not None and report["events_lag_s"] >= 0
@@ -414,7 +417,8 @@ def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, 
                            "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "shardsched: 60/60 pending pods bound in" in out
+    assert re.search(r"shardsched: 60/60 pending pods bound in [\d.]+ s = [\d.]+ pods/s \(first bind [\d.]+ s after the "
+                     r"start\); pending->bound P50", out), out
     assert "API server: 120 binds from one client (2 baselines of 60 pods)" in out
     assert re.search(r"API server's CPU \(process_cpu_seconds_total\): [\d.]+ cores busy, [\d.]+ ms per bind during "
                      r"the baselines; [\d.]+ cores, [\d.]+ ms per pod while shardsched bound; [\d.]+ cores, [\d.]+ ms "

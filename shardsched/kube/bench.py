@@ -100,6 +100,9 @@ class BenchReport:
     wall_s: float = 0.0
     pods_per_s: float = 0.0
     latency_ms: dict = field(default_factory=dict)
+    #: seconds from shardsched's start (its start returned) to the first bind seen: how soon a
+    #: burst starts being bound (0 when a bind came before start returned); None until measured
+    first_bind_s: float | None = None
     #: both baselines together: binds, their summed durations, and binds / duration
     api_binds: int = 0
     api_bind_wall_s: float = 0.0
@@ -709,7 +712,9 @@ class Bench:
             self._server_window(report, window_end)
             report.api_server_cpu_binds = {k: report.api_server_cpu[k] for k in ("shardsched", "busy_ratio", "cost_ratio")}
         if bound_at:
-            started_at = min(started_at, min(bound_at.values()))
+            first = min(bound_at.values())
+            report.first_bind_s = max(0.0, first - started_at)
+            started_at = min(started_at, first)
             report.wall_s = max(bound_at.values()) - started_at
             report.pods_per_s = report.bound / report.wall_s if report.wall_s > 0 else 0.0
             lat = np.array([bound_at[k] - max(created_at.get(k, started_at), started_at) for k in bound_at]) * 1000
