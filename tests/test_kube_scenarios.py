@@ -435,3 +435,51 @@ def test_metrics_report_the_current_shards_by_index(backend, run_scheduler):
     assert {k for k in rt.metric_families() if k != "coordinator"} == {"0", "1", "2"}
     rt.coordinator.scale(1)
     assert {k for k in rt.metric_families() if k != "coordinator"} == {"0"}
+
+
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/1 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }."}
+
+
+def test_a_failure_condition_queued_before_a_bind_is_not_written_over_it(backend):
+    """A PodScheduled=False still queued when the pod gets bound (here by a rival; the same when a
+    node appears and we bind it) must not overwrite the PodScheduled=True the API server set on
+    the bind: dropped when the watch already shows the bind, else refused by the patch's
+    resourceVersion precondition (409) and dropped on the next look."""
+    if backend.name == "sim":
+        pytest.skip("the simulated cluster sets conditions synchronously; the queue is the Kubernetes backend's")
+    from shardsched.kube.writers import StatusWriter
+
+    backend.create_nodes([a_node("n0")])
+    backend.create_pods([our_pod("raced"), our_pod("stale")])
+    cluster = backend.cluster
+    cluster.list_pods()  # the informers run
+    wait_for(lambda: cluster.store.pod("default", "stale") is not None, what="the pods in the watch cache")
+    judged = cluster.store.pod("default", "stale")  # the pending pod the failure was judged on
+
+    # 1. through the backend: bound first, then the queued condition
+    assert backend.rival_bind("default", "raced", "n0") == 201
+    cluster.set_pod_condition("default", "raced", UNSCHEDULABLE)
+    assert cluster.flush(10)
+    assert pod_scheduled(backend, "raced")["status"] == "True"
+
+    # 2. a writer that still sees the pending pod: its patch carries that resourceVersion and is refused
+    looks = []
+
+    def current(ns, name):
+        looks.append(name)
+        return judged if len(looks) == 1 else cluster.store.pod(ns, name)
+
+    writer = StatusWriter(cluster._writes(), current)
+    writer.queue.retry_s = 0.05
+    try:
+        assert backend.rival_bind("default", "stale", "n0") == 201
+        wait_for(lambda: (cluster.store.pod("default", "stale") or {}).get("spec", {}).get("nodeName") == "n0",
+                 what="the bind in the watch cache")
+        writer.set_condition("default", "stale", UNSCHEDULABLE)
+        assert writer.flush(10)
+    finally:
+        writer.stop()
+    assert len(looks) == 2, "refused once (409), then looked at again"
+    assert writer.stale == 1 and writer.queue.stats["retries"] == 1 and writer.queue.stats["failed"] == 0
+    assert pod_scheduled(backend, "stale")["status"] == "True"

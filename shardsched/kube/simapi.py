@@ -415,8 +415,9 @@ class SimApiServer:
             return self._bind(h, ns, name)
         if sub == "status" and h.command == "PATCH":
             body = h.body() or {}
+            rv = (body.get("metadata") or {}).get("resourceVersion")  # a precondition, as the API server reads it
             for cond in (body.get("status") or {}).get("conditions") or []:
-                self.sim.set_pod_condition(ns, name, cond)
+                self.sim.set_pod_condition(ns, name, cond, resource_version=rv)
             return h.reply(200, self.sim.get_pod(ns, name))
         if h.command == "DELETE":
             return h.reply(200, self.sim.delete_pod(ns, name))

@@ -11,7 +11,13 @@
 - The ``PodScheduled`` condition (`StatusWriter`) through the ``pods/status`` subresource with a
   strategic merge patch (conditions merge by ``type``), as ``util.PatchPodStatus``; nothing else on
   the pod. ``lastTransitionTime`` changes only when the status does (``podutil.UpdatePodCondition``)
-  and no request is made when the pod already has that condition.
+  and no request is made when the pod already has that condition. The patch carries the
+  ``resourceVersion`` of the pod as last seen on the watch, a precondition: a condition judged on
+  an older pod is never written over a newer one. kube-scheduler writes it synchronously, before
+  the pod can be retried; ours is queued, and a ``PodScheduled=False`` still queued when the pod got
+  bound (by us, after a node appeared, or by a rival) would otherwise overwrite the
+  ``PodScheduled=True`` the API server set on the bind. Such a write is dropped: at once when the
+  watch already shows the pod bound, else after the 409 and a fresh look.
 
 Both are asynchronous and best-effort like upstream's broadcaster: callers never wait for the API.
 Both yield to the binds of their process (`BindsFirst`): while binds are in flight, one write at a
@@ -357,6 +363,13 @@ class EventRecorder:
             q.stop()
 
 
+def _scheduled_since(pod: Mapping[str, Any], condition: Mapping[str, Any]) -> bool:
+    """A ``PodScheduled=False`` about a pod that now has ``spec.nodeName``: it was placed after the
+    failure was judged (the API server set ``PodScheduled=True`` on the bind)."""
+    return (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+            and bool((pod.get("spec") or {}).get("nodeName")))
+
+
 class StatusWriter:
     """Writes pod conditions through ``pods/status`` (module docstring).
 
@@ -371,7 +384,8 @@ class StatusWriter:
         self.current = current
         self.gate = gate or BindsFirst()
         self.queue = WorkQueue("pod-status", self._gated_write, capacity=1_000_000)
-        self.skipped = 0
+        self.skipped = 0  # the pod already had the condition
+        self.stale = 0  # a PodScheduled=False dropped: the pod was bound after it was judged
 
     def set_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> None:
         """Queue ``condition`` for the pod (replacing one still queued for it). Never blocks."""
@@ -385,6 +399,10 @@ class StatusWriter:
         namespace, name, condition = item
         condition = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
         pod = self.current(namespace, name)
+        if pod is not None and _scheduled_since(pod, condition):
+            self.stale += 1
+            log.debug("pod %s/%s is bound; its queued %s=False is not written", namespace, name, condition["type"])
+            return
         old = None
         if pod is not None:
             old = next((c for c in (pod.get("status") or {}).get("conditions") or []
@@ -394,12 +412,19 @@ class StatusWriter:
             return
         keep = old is not None and old.get("status") == condition.get("status") and old.get("lastTransitionTime")
         condition["lastTransitionTime"] = old["lastTransitionTime"] if keep else rfc3339()
+        body: dict[str, Any] = {"status": {"conditions": [condition]}}
+        rv = ((pod or {}).get("metadata") or {}).get("resourceVersion")
+        if rv:
+            body["metadata"] = {"resourceVersion": rv}  # precondition: the pod as we judged it
         try:
             self.api.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", verb="patch",
-                             resource="pods/status", body={"status": {"conditions": [condition]}},
-                             content_type=STRATEGIC_MERGE_PATCH)
+                             resource="pods/status", body=body, content_type=STRATEGIC_MERGE_PATCH)
         except NotFound:
             log.debug("pod %s/%s is gone; condition not written", namespace, name)
+        except Conflict:
+            # the pod changed since the watch showed it: judged again on the next try (with
+            # backoff; the watch has the newer pod by then), and dropped if it was bound meanwhile
+            raise TemporaryError(f"pods/status {namespace}/{name}: the pod changed since it was judged") from None
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return self.queue.flush(timeout_s)

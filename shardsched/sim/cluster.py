@@ -549,16 +549,22 @@ class SimCluster:
             time.sleep(delay_s)
         return results
 
-    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> bool:
+    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any],
+                          resource_version: str | None = None) -> bool:
         """Add or replace a pod condition by type (``podutil.UpdatePodCondition``), e.g.
         ``{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": ...}``.
         ``lastTransitionTime`` is set when the status changes.
+
+        Args:
+            resource_version: a precondition, as ``metadata.resourceVersion`` in a patch body is for
+                the API server: the pod must still be at that version.
 
         Returns:
             True if the pod changed (a MODIFIED event), False if it already had that condition.
 
         Raises:
-            NotFound: no such pod. Invalid: no ``type``, or ``status`` not True/False/Unknown.
+            NotFound: no such pod. Conflict: the pod is no longer at ``resource_version``.
+            Invalid: no ``type``, or ``status`` not True/False/Unknown.
         """
         if not condition.get("type") or not isinstance(condition.get("type"), str):
             raise Invalid("condition.type: Required value")
@@ -569,6 +575,9 @@ class SimCluster:
             pod = self._pods.get(key)
             if pod is None:
                 raise NotFound(f'pods "{name}" not found')
+            if resource_version is not None and str(pod["metadata"].get("resourceVersion")) != str(resource_version):
+                raise Conflict(f'Operation cannot be fulfilled on pods "{name}": the object has been modified; '
+                               "please apply your changes to the latest version and try again")
             status = pod.get("status", {})
             conditions = _with_condition(status.get("conditions", []), condition, _now())
             if conditions is None:
