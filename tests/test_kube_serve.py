@@ -417,8 +417,8 @@ def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, 
                            "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert re.search(r"shardsched: 60/60 pending pods bound in [\d.]+ s = [\d.]+ pods/s \(first bind [\d.]+ s after the "
-                     r"start\); pending->bound P50", out), out
+    assert re.search(r"shardsched: 60/60 pending pods bound in [\d.]+ s = [\d.]+ pods/s \(first bind [\d.]+ s after "
+                     r"start-up ended\); pending->bound P50", out), out
     assert "API server: 120 binds from one client (2 baselines of 60 pods)" in out
     assert re.search(r"API server's CPU \(process_cpu_seconds_total\): [\d.]+ cores busy, [\d.]+ ms per bind during "
                      r"the baselines; [\d.]+ cores, [\d.]+ ms per pod while shardsched bound; [\d.]+ cores, [\d.]+ ms "

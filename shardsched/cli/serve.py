@@ -452,7 +452,7 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
             click.echo(f"shardsched: interrupted before its {data['pods']} pods were bound: not measured")
         else:
             click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
-                       f"{data['pods_per_s']:.1f} pods/s (first bind {data['first_bind_s'] or 0:.2f} s after the start); "
+                       f"{data['pods_per_s']:.1f} pods/s (first bind {data['first_bind_s'] or 0:.2f} s after start-up ended); "
                        f"pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
             if data["events_lag_s"] is not None:
                 click.echo(f"shardsched with its Scheduled Events: the last written {data['events_lag_s']:.2f} s after the "
