@@ -116,6 +116,7 @@ class SimApiBackend(SimBackend):
         return [(e["reason"], e.get("note") or e.get("message")) for e in self.server.events_for(ns, name)]
 
     def close(self):
+        self.cluster.stop()  # its watches and writers, before the server goes
         self.server.stop()
 
 
@@ -171,6 +172,7 @@ class EnvtestBackend(Backend):
     def lists(self): return sum(w["lists"] for w in self.cluster.health()["watches"].values())
 
     def close(self):
+        self.cluster.stop()  # its watches and writers
         for path in ("/api/v1/namespaces/default/pods",):
             items = self.admin.request("GET", path, verb="list", resource="pods")["items"]
             for p in items:
