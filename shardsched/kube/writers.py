@@ -146,13 +146,16 @@ class WorkQueue:
 
     Args:
         name: for thread names and logs. handler: called with each item.
+        gate: each call of the handler waits its turn there (`BindsFirst.writing`); None: no gate.
     """
 
     def __init__(self, name: str, handler: Callable[[Any], None], capacity: int = 10_000, workers: int = 2,
-                 max_tries: int = 4, retry_s: float = 0.5, log_every_s: float = 10.0) -> None:
+                 max_tries: int = 4, retry_s: float = 0.5, log_every_s: float = 10.0,
+                 gate: BindsFirst | None = None) -> None:
         self.name = name
         self._failures = ThrottledLog(log_every_s)
         self.handler = handler
+        self.gate = gate
         self.capacity = capacity
         self.max_tries = max_tries
         self.retry_s = retry_s
@@ -186,7 +189,11 @@ class WorkQueue:
                 key, (item, tries) = self._items.popitem(last=False)
                 self._busy += 1
             try:
-                self.handler(item)
+                if self.gate is None:
+                    self.handler(item)
+                else:
+                    with self.gate.writing():
+                        self.handler(item)
                 self.stats["done"] += 1
             except TemporaryError as e:
                 if tries + 1 < self.max_tries:
@@ -251,7 +258,8 @@ class EventRecorder:
         # one worker per queue, an Event's series always in the same queue: repeats are counted in
         # order and never race into two Events; `EVENT_WRITERS` queues write that many Events at once
         # (with two, a burst's Scheduled Events trailed its binds by seconds: `serve --bench`)
-        self.queues = [WorkQueue(f"events-{i}", self._gated_write, capacity=max(1, capacity // EVENT_WRITERS), workers=1)
+        self.queues = [WorkQueue(f"events-{i}", self._write, capacity=max(1, capacity // EVENT_WRITERS), workers=1,
+                                 gate=self.gate)
                        for i in range(EVENT_WRITERS)]
 
     @property
@@ -288,10 +296,6 @@ class EventRecorder:
                 log.info("events.k8s.io/v1 is not served; recording core/v1 Events")
                 self._new_api = False
         return self._new_api
-
-    def _gated_write(self, item: tuple) -> None:
-        with self.gate.writing():
-            self._write(item)
 
     def _write(self, item: tuple) -> None:
         ref, type_, reason, message, controller, t = item
@@ -383,17 +387,13 @@ class StatusWriter:
         self.api = api
         self.current = current
         self.gate = gate or BindsFirst()
-        self.queue = WorkQueue("pod-status", self._gated_write, capacity=1_000_000)
+        self.queue = WorkQueue("pod-status", self._write, capacity=1_000_000, gate=self.gate)
         self.skipped = 0  # the pod already had the condition
         self.stale = 0  # a PodScheduled=False dropped: the pod was bound after it was judged
 
     def set_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> None:
         """Queue ``condition`` for the pod (replacing one still queued for it). Never blocks."""
         self.queue.put((namespace, name, condition.get("type")), (namespace, name, dict(condition)))
-
-    def _gated_write(self, item: tuple) -> None:
-        with self.gate.writing():
-            self._write(item)
 
     def _write(self, item: tuple) -> None:
         namespace, name, condition = item
