@@ -39,6 +39,7 @@ shardsched's pods also has a ``Scheduled`` Event and shows on the scheduler's wa
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import multiprocessing
 import threading
@@ -203,6 +204,11 @@ def _observe(spec: ClientSpec, namespace: str, prefix: str, count: int, conn) ->
     -> bind seen and name -> created (Unix s, from the bench annotation). The pods counted are the
     ``count`` ones named ``prefix`` + 6 digits. The watch then goes on (through the second
     baseline) until the next message, or until the parent is gone."""
+    # No cyclic collector here: what the observer holds is decoded JSON, which reference counting
+    # frees, and its collections, rescanning every pod event held, took 0.2-1.7 s of the core it
+    # shares with the scheduler under test once it held a few hundred thousand objects (0.6 s with
+    # `gctune`'s thresholds), stalling the binds being measured.
+    gc.disable()
     spec_w = WatchSpec("bench-pods", POD, f"/api/v1/namespaces/{namespace}/pods", "", BOUND,
                        label_selector=f"app={BENCH_APP}")
     api = Api(spec.api_client(pool_size=4), None, (spec.connect_timeout_s, spec.request_timeout_s))
