@@ -456,3 +456,83 @@ def test_scheduled_events_wait_for_the_binds_in_flight(server, cluster):
     assert state["written"] == 9
     assert state["peak_while_binding"] <= 1, state
     assert cluster.gate.waits >= 1, "Events were held back while binding"
+
+
+def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, spec, ledger):
+    """In Ray mode each shard binds from a process of its own, through a `KubeCluster` copy (and
+    gate) of its own, and the coordinator writes from a third. A shard marks its binds in flight
+    in the ledger; the Event writers of every copy yield to them, one write at a time, and all go
+    out once the binds are done (the mark is then gone)."""
+    from shardsched.api.objects import NodeInfo, PodInfo
+    from shardsched.config import parse_config
+    from shardsched.sharding.shard import Shard, ShardOptions, yield_writes_to_binds
+    from shardsched.store import NodeEntry
+
+    member = "shard-0@1"
+    config = parse_config(f"apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+                          f"profiles:\n- schedulerName: {SCHED}\n", "<test>")
+    binder = KubeCluster(spec, [SCHED], watch_timeout_s=5, emit_scheduled=False)  # the shard's copy
+    writer = KubeCluster(spec, [SCHED], watch_timeout_s=5)  # another process's copy
+    handed_off: list = []
+
+    class Rebalancer:
+        def handoff(self, shard, items):
+            handed_off.extend(items)
+
+    real_bind, real_record = server.sim.bind_many, server.sim.record_event
+    lock, state = threading.Lock(), {"binding": False, "inside": 0, "peak_while_binding": 0, "written": 0}
+
+    def slow_bind(bindings):
+        with lock:
+            state["binding"] = True
+        try:
+            time.sleep(0.8)
+            return real_bind(bindings)
+        finally:
+            with lock:
+                state["binding"] = False
+
+    def slow_record(*args, **kwargs):
+        with lock:
+            state["inside"] += 1
+            if state["binding"]:
+                state["peak_while_binding"] = max(state["peak_while_binding"], state["inside"])
+        try:
+            time.sleep(0.05)
+            return real_record(*args, **kwargs)
+        finally:
+            with lock:
+                state["inside"] -= 1
+                state["written"] += 1
+
+    try:
+        yield_writes_to_binds(writer, ledger)
+        nodes = server.sim.list_nodes()[0]
+        infos = [NodeInfo.from_object(n) for n in nodes]
+        ledger.upsert_nodes([NodeEntry(n.name, n.allocatable, member) for n in infos])
+        ledger.set_owners({n.name: member for n in infos}, 1)
+        shard = Shard(0, member, config, ledger, binder, Rebalancer(), ShardOptions(seed=0))
+        shard.set_epoch(1)
+        shard.apply_nodes(nodes)
+        pods = [pending(server.sim, f"xp-{i}") for i in range(3)]
+        shard.add_pods([PodInfo.from_object(p) for p in pods])
+        server.sim.bind_many, server.sim.record_event = slow_bind, slow_record
+        step = threading.Thread(target=shard.step)  # one batch: the three pods, bound in 0.8 s
+        step.start()
+        wait_for(lambda: state["binding"])
+        assert ledger.binding_count() == 1, "the shard marked its binds in flight"
+        for p in pods * 2:
+            writer.record_event({"kind": "Pod", "namespace": "default", "name": p["metadata"]["name"]},
+                                "Normal", "Test", "written by another process")
+        step.join(10)
+        assert writer.flush(10)
+    finally:
+        server.sim.bind_many, server.sim.record_event = real_bind, real_record
+        binder.stop()
+        writer.stop()
+    assert all(server.sim.get_pod("default", p["metadata"]["name"])["spec"].get("nodeName") for p in pods)
+    assert not handed_off
+    assert state["written"] == 6, state
+    assert state["peak_while_binding"] <= 1, state
+    assert writer.gate.waits >= 1, "the other process's Events were held back while the shard bound"
+    assert ledger.binding_count() == 0, "the mark is removed when the shard's last bind call ends"

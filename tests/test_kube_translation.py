@@ -294,3 +294,55 @@ def test_events_and_conditions_yield_to_binds_in_flight():
     assert not gate.busy()
     with pytest.raises(ValueError, match="at least 1"):
         BindsFirst(while_binding=0)
+
+
+def test_events_and_conditions_yield_to_the_binds_of_other_processes():
+    """With ``peers`` (other shards' binds, read from the ledger), writes go out one at a time
+    while the peers bind, though this process binds nothing, and side by side once they stop; a
+    ``peers`` that raises (Redis away) holds nothing back."""
+    import threading
+    import time
+
+    from shardsched.kube.writers import BindsFirst
+
+    gate = BindsFirst(while_binding=1, linger_s=0.02)
+    peers_binding = threading.Event()
+    peers_binding.set()
+    gate.peers = peers_binding.is_set
+    lock, inside, peak = threading.Lock(), [0], [0]
+
+    def write(hold_s: float) -> None:
+        with gate.writing():
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(hold_s)
+            with lock:
+                inside[0] -= 1
+
+    def burst(n: int, hold_s: float) -> float:
+        peak[0] = 0
+        started = time.monotonic()
+        writers = [threading.Thread(target=write, args=(hold_s,)) for _ in range(n)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(5)
+        assert not any(t.is_alive() for t in writers)
+        return time.monotonic() - started
+
+    assert not gate.busy(), "busy() speaks of this process's binds only"
+    burst(4, 0.02)
+    assert peak[0] == 1 and gate.waits >= 1, "one at a time while another process binds"
+    peers_binding.clear()
+    time.sleep(gate.PEER_POLL_S * 2)  # the cached answer is renewed
+    burst(4, 0.2)
+    assert peak[0] == 4, "side by side once no process binds"
+
+    def broken() -> bool:
+        raise ConnectionError("Redis away")
+
+    gate.peers = broken
+    time.sleep(gate.PEER_POLL_S * 2)
+    burst(4, 0.2)
+    assert peak[0] == 4, "an unanswerable question holds nothing back"

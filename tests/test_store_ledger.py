@@ -758,3 +758,23 @@ def test_race_during_handover_only_the_current_owner_wins(ledger: Ledger) -> Non
 
     assert after_handover == [ReserveCode.FENCED] * 5
     assert b_codes == [ReserveCode.OK] * 20
+
+
+def test_binding_marks_count_live_shards_and_expire(ledger: Ledger) -> None:
+    """`mark_binding`: one mark per shard (marking again renews it), removed with TTL 0 or when it
+    expires (server time), so that a shard that died while binding holds no writer back."""
+    assert ledger.binding_count() == 0
+    ledger.mark_binding("shard-0@1", 10_000)
+    ledger.mark_binding("shard-0@1", 10_000)
+    ledger.mark_binding("shard-1@1", 10_000)
+    assert ledger.binding_count() == 2
+    ledger.mark_binding("shard-0@1", 0)
+    assert ledger.binding_count() == 1
+    ledger.mark_binding("shard-2@1", 50)
+    assert ledger.binding_count() == 2
+    time.sleep(0.15)
+    assert ledger.binding_count() == 1, "the 50-ms mark expired"
+    ledger.mark_binding("shard-1@1", 0)
+    assert ledger.binding_count() == 0
+    with pytest.raises(ValueError, match="ttl_ms"):
+        ledger.mark_binding("shard-0@1", -1)

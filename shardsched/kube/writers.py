@@ -72,29 +72,42 @@ def rfc3339(t: float | None = None) -> str:
 
 
 class BindsFirst:
-    """Binds before Events and conditions, within one process.
+    """Binds before Events and conditions.
 
     kube-scheduler writes its Events through a client of their own, with their own rate limit
     (``clientConnection.qps``, 50/s) and a bounded queue that drops when full, so in a burst its
     binds get the API server. shardsched writes every Event (nothing dropped while fewer than
     10,000 wait) but, while this process has binds in flight (or had them within ``linger_s``),
-    lets at most ``while_binding`` Event or condition writes out at once. A pod waits on its bind,
-    not on its Event: on an API server that is already the limit (serve --bench) the Events would
-    otherwise take their share of it in the middle of the burst. They still make progress during a
-    long burst (``while_binding`` >= 1) and go out at full width once it ends.
+    or another process of the same scheduler says it has (``peers``), lets at most
+    ``while_binding`` Event or condition writes out at once. A pod waits on its bind, not on its
+    Event: on an API server that is already the limit (serve --bench) the Events would otherwise
+    take their share of it in the middle of the burst. They still make progress during a long
+    burst (``while_binding`` >= 1) and go out at full width once it ends.
 
     ``binding()`` wraps a bind call; ``writing()`` wraps one write (blocks while the gate is shut).
+    ``peers`` (set after construction, e.g. by a shard in Ray mode, where each shard binds from a
+    process of its own): a callable answering whether any shard of the scheduler has binds in
+    flight (`shardsched.store.ledger.Ledger.binding_count`), asked at most every ``PEER_POLL_S``
+    by a writer that would otherwise go out; when it raises (Redis away), the answer is "no": the
+    gate only orders the writes, it never holds them back on an error.
     """
+
+    #: seconds between two questions to ``peers`` (the answer is reused meanwhile)
+    PEER_POLL_S = 0.05
 
     def __init__(self, while_binding: int = WRITES_WHILE_BINDING, linger_s: float = BIND_LINGER_S) -> None:
         if while_binding < 1:
             raise ValueError("while_binding: at least 1, or the Events of a steady stream of binds never go out")
         self.while_binding = while_binding
         self.linger_s = linger_s
+        self.peers: Callable[[], bool] | None = None
         self._cond = threading.Condition()
         self._binding = 0
         self._writing = 0
         self._bind_ended = float("-inf")  # monotonic time the last bind call returned
+        self._peer_lock = threading.Lock()
+        self._peer_busy = False
+        self._peer_asked = float("-inf")
         self.waits = 0  # writes that had to wait for the binds (a figure for tests and /metrics)
 
     @contextmanager
@@ -110,23 +123,56 @@ class BindsFirst:
                 self._cond.notify_all()
 
     def busy(self) -> bool:
-        """Binds in flight, or the last returned less than ``linger_s`` ago."""
+        """Binds in flight in this process, or the last returned less than ``linger_s`` ago (the
+        peers are not asked)."""
         with self._cond:
             return self._busy_locked()
 
     def _busy_locked(self) -> bool:
         return self._binding > 0 or time.monotonic() - self._bind_ended < self.linger_s
 
+    def _peers_busy(self) -> bool:
+        """``peers()``, asked at most every `PEER_POLL_S` (never under ``_cond``: a slow answer
+        must not hold up a bind call entering `binding`)."""
+        peers = self.peers
+        if peers is None:
+            return False
+        with self._peer_lock:
+            now = time.monotonic()
+            if now - self._peer_asked >= self.PEER_POLL_S:
+                try:
+                    self._peer_busy = bool(peers())
+                except Exception:  # noqa: BLE001 - an ordering hint, never a reason to hold writes
+                    self._peer_busy = False
+                self._peer_asked = time.monotonic()
+            return self._peer_busy
+
     @contextmanager
     def writing(self) -> Iterator[None]:
-        with self._cond:
-            waited = False
-            while self._writing >= self.while_binding and self._busy_locked():
+        waited = False
+        while True:
+            with self._cond:
+                at_limit = self._writing >= self.while_binding
+                local = at_limit and self._busy_locked()
+                if not at_limit or (not local and self.peers is None):
+                    self.waits += waited
+                    self._writing += 1
+                    break
+            peers = False if local else self._peers_busy()  # outside the lock (`_peers_busy`)
+            with self._cond:
+                local = self._busy_locked()
+                if self._writing < self.while_binding or not (local or peers):
+                    self.waits += waited
+                    self._writing += 1
+                    break
                 waited = True
-                left = self.linger_s - (time.monotonic() - self._bind_ended)
-                self._cond.wait(left if self._binding == 0 and left > 0 else None)
-            self.waits += waited
-            self._writing += 1
+                timeout = None
+                if local:
+                    left = self.linger_s - (time.monotonic() - self._bind_ended)
+                    timeout = left if self._binding == 0 and left > 0 else None
+                if self.peers is not None:  # the peers' binds end without a notify here
+                    timeout = self.PEER_POLL_S if timeout is None else min(timeout, self.PEER_POLL_S)
+                self._cond.wait(timeout)
         try:
             yield
         finally:

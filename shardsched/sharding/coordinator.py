@@ -51,6 +51,7 @@ from shardsched.sharding.hashing import assign, moved_fraction
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
 from shardsched.sharding.remote import Remote, RemoteDead, RemoteUnavailable
 from shardsched.sharding.scaling import Autoscaler, AutoscalerOptions, Load, ScaleStep, ideal_moved_fraction
+from shardsched.sharding.shard import yield_writes_to_binds
 from shardsched.store.ledger import BoundPod, Ledger, NodeEntry
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class Coordinator:
         self.num_shards = num_shards
         self.ledger = ledger
         self.cluster = cluster
+        # its FailedScheduling Events and conditions yield to the shards' binds too
+        yield_writes_to_binds(getattr(cluster, "target", None), ledger)
         self.shard_factory = shard_factory
         self.health_period_s = health_period_s
         self.health_failures = health_failures

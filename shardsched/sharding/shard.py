@@ -61,6 +61,20 @@ from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, Reserve
 
 log = logging.getLogger(__name__)
 
+#: life of a shard's "binds in flight" mark in the ledger (`Ledger.mark_binding`), ms; renewed
+#: while its binding cycles run (`Shard.step`), removed when the last ends
+BINDING_MARK_TTL_MS = 5000
+
+
+def yield_writes_to_binds(cluster: Any, ledger: Ledger) -> None:
+    """Let the Event and condition writers of ``cluster`` (a `KubeCluster`: its ``gate``, a
+    `shardsched.kube.writers.BindsFirst`) yield to the binds of every shard of this scheduler,
+    as the shards mark them in ``ledger``, not only to those of their own process. Does nothing
+    for a cluster without a gate (the simulated cluster) or whose gate already asks someone."""
+    gate = getattr(cluster, "gate", None)
+    if gate is not None and getattr(gate, "peers", False) is None:
+        gate.peers = lambda: ledger.binding_count() > 0
+
 #: window of the recent scheduling latency in `Shard.snapshot` (what the autoscaler reads)
 RECENT_LATENCY_WINDOW_S = 10.0
 
@@ -168,6 +182,14 @@ class Shard:
         self._binding: deque[tuple[Future, list, float]] = deque()
         self._bind_pool: ThreadPoolExecutor | None = None
         self._bind_errors_log = ThrottledLog(10.0)
+        # bind calls in flight and when this shard last marked them in the ledger (writers of
+        # every process yield to them: `yield_writes_to_binds`); only for a cluster with a gate
+        self._mark_binds = getattr(cluster, "gate", None) is not None
+        self._binds_lock = threading.Lock()
+        self._binds_in_flight = 0
+        self._binds_marked = float("-inf")
+        if self._mark_binds:
+            yield_writes_to_binds(cluster, ledger)
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
     def set_epoch(self, epoch: int) -> None:
@@ -308,6 +330,7 @@ class Shard:
         and put back with backoff first, so nothing is lost.
         """
         reaped = self._reap_bindings(block=False)
+        self._renew_binding_mark()
         self._expire_shadows()
         batch = self.queue.pop_batch(self._batch_size())
         if not batch:
@@ -451,6 +474,7 @@ class Shard:
                     self.queue.requeue_backoff(q)
                 return
             wait_futures([self._binding[0][0]], timeout=0.1)
+            self._renew_binding_mark()
             self._reap_bindings(block=False, at_most=1)
         if self._bind_pool is None:
             self._bind_pool = ThreadPoolExecutor(self.options.binding_cycles, thread_name_prefix=f"binding-{self.index}")
@@ -549,12 +573,42 @@ class Shard:
 
     def _bind_io(self, bindings: list[tuple]) -> tuple[list | None, str]:
         """The bind call; (results, "") or (None, why) when the call itself failed (no answer)."""
+        self._binds_started(1)
         try:
             return self.cluster.bind_many(bindings), ""
         except TemporaryError as e:
             return None, str(e)
         except Exception as e:  # noqa: BLE001 - a broken connection to the cluster must not lose pods
             return None, f"{type(e).__name__}: {e}"
+        finally:
+            self._binds_started(-1)
+
+    def _binds_started(self, delta: int) -> None:
+        """Count a bind call starting (+1) or ending (-1) and keep this shard's mark in the ledger:
+        set when a call starts, removed when the last one ends. A Redis error only costs the
+        ordering of the writes (logged at debug level)."""
+        if not self._mark_binds:
+            return
+        with self._binds_lock:
+            self._binds_in_flight += delta
+            ttl = BINDING_MARK_TTL_MS if self._binds_in_flight > 0 else 0
+            if delta > 0 or ttl == 0:
+                self._mark_binding(ttl)
+
+    def _renew_binding_mark(self) -> None:
+        """Renew the mark while bind calls run (from the loop: a call can outlast the TTL)."""
+        if self._mark_binds and self._binds_in_flight > 0 \
+                and time.monotonic() - self._binds_marked > BINDING_MARK_TTL_MS / 2000:
+            with self._binds_lock:
+                if self._binds_in_flight > 0:
+                    self._mark_binding(BINDING_MARK_TTL_MS)
+
+    def _mark_binding(self, ttl_ms: int) -> None:
+        try:
+            self.ledger.mark_binding(self.member, ttl_ms)
+            self._binds_marked = time.monotonic() if ttl_ms else float("-inf")
+        except Exception as e:  # noqa: BLE001 - see _binds_started
+            log.debug("shard %s: binds-in-flight mark not written: %s", self.member, e)
 
     def _bind_apply(self, to_bind, results: list | None, err: str, handoffs: list[Handoff], started: float) -> None:
         """The bind's outcome per pod: commit, hand off (404/409) or roll back and retry."""

@@ -28,6 +28,9 @@ key                        type    content
 ``P resv:<name>``          hash    pod uid -> reservation ``[shard, token, requests]`` (JSON)
 ``P rexp:<name>``          zset    pod uid scored by reservation expiry (server ms), for sweeping
 ``P bound:<name>``         hash    pod uid -> requests of a bound pod counted in ``u:``
+``P binding``              zset    shard id scored by the expiry (server ms) of its "binds in
+                                   flight" mark (`mark_binding`), which the Event and condition
+                                   writers of every process yield to
 =========================  ======  ===============================================================
 
 Requests travel and are stored as a JSON flat list ``["pods",1,"cpu",500,...]`` in the order
@@ -66,6 +69,7 @@ _SCRIPTS = (
     "node_upsert", "node_remove", "set_owners",
     "lease_acquire", "lease_renew", "lease_release",
     "reserve", "permit", "commit", "release", "observe", "forget", "reconcile", "sweep",
+    "binding_mark", "binding_any",
 )
 _OBSERVE_MOVED = 7  # observe.lua: the pod's reservation is on a node whose keys were not passed
 _OBSERVE_ATTEMPTS = 5
@@ -591,6 +595,21 @@ class Ledger:
         return usage
 
     @_translate_errors
+    @_translate_errors
+    def mark_binding(self, shard: str, ttl_ms: int) -> None:
+        """Mark ``shard`` as having binds in flight for ``ttl_ms`` ms (server time) from now, or
+        remove its mark with ``ttl_ms`` 0. The marks let the Event and condition writers of every
+        process of one scheduler yield to the binds of all (`shardsched.kube.writers.BindsFirst`),
+        not only to those of their own process. Raises: ``ValueError`` for a negative TTL."""
+        if ttl_ms < 0:
+            raise ValueError(f"ttl_ms must be >= 0, got {ttl_ms}")
+        self._scripts["binding_mark"](keys=[f"{self.prefix}binding"], args=[shard, int(ttl_ms)])
+
+    @_translate_errors
+    def binding_count(self) -> int:
+        """How many shards have a live `mark_binding` mark (expired marks are removed)."""
+        return int(self._scripts["binding_any"](keys=[f"{self.prefix}binding"]))
+
     def flush(self) -> int:
         """Delete every key of this ledger's prefix (SCAN + UNLINK, not atomic). Returns how many."""
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "*"
