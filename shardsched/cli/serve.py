@@ -465,6 +465,12 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
         if drift is not None and not 1 / BENCH_DRIFT_WARN <= drift <= BENCH_DRIFT_WARN:
             click.echo(f"note: the API server's own rate moved by a factor of {drift:.2f} between the two baselines: the "
                        "machine's speed drifted during the run, so the ratio is uncertain; run again", err=True)
+        phase_names = {"before": "the first baseline", "shardsched": "shardsched's window", "after": "the second baseline"}
+        not_collected = [phase_names.get(phase, phase) for phase, took in data["api_server_gc_s"].items() if took is None]
+        if not_collected:
+            click.echo(f"note: the API server could not be asked to collect its garbage before {', '.join(not_collected)} "
+                       "(GET /debug/pprof/heap?gc=1: needs its --profiling, on by default, and get on that URL); its "
+                       "own collection cycle then adds noise to the ratio", err=True)
         server = data["api_server_bind_ms"]
         if server["baseline"] is not None and server["shardsched"] is not None:
             click.echo(f"API server's own time per bind (apiserver_request_duration_seconds): {server['baseline']:.1f} ms "

@@ -24,6 +24,11 @@ Three measurements in the namespace given, from this process and one helper proc
    and the rate it is compared with is theirs together (all binds over both durations). Both are
    reported (``api_baselines``) and ``api_drift`` = after / before tells how far apart they were.
 
+Each of the three starts from a freshly collected API server heap when the server allows it
+(`server_gc`): a Go server slows down as its heap nears the next collection (the collector's
+marking takes CPU from the requests), and here the heap crossed a collection inside some 5-s
+windows and not in others, which moved the server's CPU per bind by up to 1.8x between phases.
+
 Before any of them, `Bench.check_fit` places the N pods with shardsched's own plugins on the nodes
 they may use: pods that shardsched would leave pending (a not-ready taint, full nodes) are said
 at once instead of after the timeout.
@@ -140,6 +145,10 @@ class BenchReport:
     #: bound / (wall_s + events_lag_s): the rate with the Events a scheduler writes, and its ratio
     with_events_pods_per_s: float | None = None
     ratio_with_events: float | None = None
+    #: seconds the API server took to collect its garbage before each phase ("before", "shardsched",
+    #: "after"; `server_gc`), or None for a phase where it could not be asked (then that phase
+    #: starts wherever the server's collection cycle happens to be)
+    api_server_gc_s: dict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def set_ratios(self) -> None:
@@ -325,6 +334,35 @@ def server_sample(api: Api) -> ServerSample | None:
             elif sample.name.endswith("_count"):
                 count += sample.value
     return ServerSample(total, count, cpu, at) if found else None
+
+
+def server_gc(api: Api, timeout_s: float = 60.0) -> float | None:
+    """Have the API server collect its garbage now and return the seconds that took, or None when
+    it cannot be asked (logged at debug level).
+
+    A Go program runs a full collection (``runtime.GC``) before it answers
+    ``GET /debug/pprof/heap?gc=1``; kube-apiserver serves that path while ``--profiling`` is on
+    (the default) to a user allowed ``get`` on that non-resource URL (a cluster admin). The bench
+    calls it before each phase so that all three start from the same point of the server's
+    collection cycle: a heap just collected, its next collection about as far away as the live
+    heap is large. The profile answered is read and dropped.
+    """
+    started = time.monotonic()
+    try:
+        resp = api.send("GET", "/debug/pprof/heap", [("gc", "1")], None, None, (5.0, timeout_s),
+                        "get", "/debug/pprof/heap")
+        try:
+            status = resp.status
+            resp.read()
+        finally:
+            resp.response.release_conn()
+    except Exception as e:  # noqa: BLE001 - optional: the bench runs without it
+        log.debug("API server /debug/pprof/heap?gc=1: %s", e)
+        return None
+    if status != 200:
+        log.debug("API server /debug/pprof/heap?gc=1: HTTP %s", status)
+        return None
+    return round(time.monotonic() - started, 3)
 
 
 def _mean_ms(before: ServerSample | None, after: ServerSample | None) -> float | None:
@@ -561,6 +599,7 @@ class Bench:
                              emit_scheduled=False)
         items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
                  for i, p in enumerate(created)]
+        self._server_gc(report, phase)
         before = server_sample(self.api)
         done = threading.Event()
 
@@ -606,6 +645,17 @@ class Bench:
         if bad:
             report.errors.append(f"baseline ({phase}): {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
 
+    def _server_gc(self, report: BenchReport, phase: str) -> None:
+        """`server_gc` before ``phase``, in a helper thread so that a SIGINT meanwhile stops the
+        bench at once (the collection then ends on the server alone). Raises: BenchInterrupted."""
+        box: list = []
+        t = threading.Thread(target=lambda: box.append(server_gc(self.api)), name="bench-server-gc", daemon=True)
+        t.start()
+        while t.is_alive() and not self._stop.is_set():
+            t.join(0.1)
+        self._check()
+        report.api_server_gc_s[phase] = box[0] if box else None
+
     def prepare(self, n: int, create_nodes: int = 0) -> BenchReport:
         """Before shardsched starts: nodes (``create_nodes`` new ones if asked), the check that the
         ``n`` pods fit them (`check_fit`, raises PermanentError), the API server baseline, then the
@@ -638,6 +688,8 @@ class Bench:
         self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
         self._create([_pod(name, self.namespace, self.scheduler_name, self._run_nodes) for name in self._names])
+        # shardsched starts right after this; its start-up (Ray, the first lists) allocates little
+        self._server_gc(report, "shardsched")
         self._prepared = server_sample(self.api)
         return report
 
