@@ -273,3 +273,20 @@ def test_start_returns_once_every_shard_answers_and_before_it_hands_them_work(le
     with pytest.raises(RemoteUnavailable):
         coordinator.start()
     assert (0, "apply_nodes") not in calls  # nothing handed out
+
+
+def test_pods_created_one_at_a_time_spread_over_every_shards_nodes(ledger):
+    """Pods that arrive one at a time (each bound before the next comes) are routed to the shard
+    with the most free room, not always to the first: they spread over all the nodes as
+    kube-scheduler's LeastAllocated spreads them, instead of piling onto one shard's half."""
+    world = World(ledger, n_nodes=6, shards=2)
+    owners = world.coordinator.owners
+    assert set(owners.values()) == {0, 1}, owners
+    for i in range(12):
+        world.create(1, prefix=f"one-{i}-")
+        world.coordinator.poll_watch()
+        world.settle()
+    per_node = {name: 0 for name in owners}
+    for p in world.cluster.list_pods()[0]:
+        per_node[p["spec"]["nodeName"]] += 1
+    assert sorted(per_node.values()) == [2] * 6, per_node

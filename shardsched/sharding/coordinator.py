@@ -6,7 +6,8 @@ It consumes the cluster's watch (list, then events from the list's resourceVersi
   ledger with an epoch (the reserve script fences off a shard that no longer owns a node);
 - pending pods whose ``schedulerName`` is one of the profiles are routed to a shard owning nodes
   where they fit (label- and capacity-aware, from the coordinator's own NodeTable of the whole
-  cluster);
+  cluster): to the shard whose emptiest nodes stay emptiest once the pods already routed to it
+  are placed (`_Room`), so that pods spread over all nodes as LeastAllocated spreads them;
 - pods bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the
   shard that owns their node; deleted or terminal pods are forgotten.
 
@@ -40,6 +41,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.quantity import CPU, MEMORY
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import InvalidObjectError, TemporaryError
@@ -93,6 +95,43 @@ def _slim(pod: PodInfo) -> PodInfo:
     slim = PodInfo(**{f: getattr(pod, f) for f in PodInfo.__dataclass_fields__ if f != "obj"})
     slim.obj = {"metadata": {"annotations": ann}} if ann else {}
     return slim
+
+
+class _Room:
+    """Where a pod (one signature) fits in each shard, for routing: the free shares (LeastAllocated's
+    0..1) of the shard's nodes where it fits, and what one such pod takes of a node (``cost``).
+
+    ``level(shard, routed)`` is the free share of that shard's emptiest nodes once ``routed`` pods
+    like this one are placed on them the way LeastAllocated places pods, each onto the emptiest
+    node (water filling: the top nodes are brought down to a common level, and the pods' total
+    cost, ``routed * cost``, is the volume taken off them). With nothing routed it is the shard's
+    emptiest node. O(log nodes) per call after O(nodes log nodes) set-up.
+    """
+
+    def __init__(self, shares: list[np.ndarray], cost: float) -> None:
+        self.cost = cost
+        self.fits = np.array([len(f) for f in shares], np.int64)
+        self._desc: list[np.ndarray] = []
+        self._sums: list[np.ndarray] = []
+        self._needs: list[np.ndarray] = []
+        for f in shares:
+            d = np.sort(f)[::-1]
+            sums = np.cumsum(d)
+            self._desc.append(d)
+            self._sums.append(sums)
+            # volume that brings the top k nodes down to the k-th's share (non-decreasing in k)
+            self._needs.append(sums - np.arange(1, len(d) + 1) * d)
+
+    def level(self, shard: int, routed: int) -> float:
+        """Free share of the shard's emptiest nodes after ``routed`` pods; -inf when it fits nowhere."""
+        d = self._desc[shard]
+        if not len(d):
+            return -np.inf
+        volume = routed * self.cost
+        if volume <= 0:
+            return float(d[0])
+        k = max(1, int(np.searchsorted(self._needs[shard], volume, side="right")))
+        return float((self._sums[shard][k - 1] - volume) / k)
 
 
 class Coordinator:
@@ -468,38 +507,55 @@ class Coordinator:
         if 0 <= shard < len(self.routed) and self.routed[shard] > 0:
             self.routed[shard] -= 1
 
-    def _shard_counts(self, pod: PodInfo) -> tuple[np.ndarray, np.ndarray]:
-        """(nodes where the pod fits now, nodes passing its static filters) per shard."""
+    def _shard_counts(self, pod: PodInfo) -> tuple["_Room", np.ndarray]:
+        """(room, static): `_Room`, where the pod fits now in each shard and how free those nodes
+        are; ``static``, per shard, its nodes passing the pod's static filters."""
         sched = self.schedulers.get(pod.scheduler_name, self.default)
         static_ok, feasible = sched.feasible_mask(pod)
-        owner = self.owner_slots[: len(feasible)]
+        n = len(feasible)
+        owner = self.owner_slots[:n]
         k = len(self.shards)
-        fits = np.bincount(owner[feasible & (owner >= 0)], minlength=k)[:k]
+        fit = feasible & (owner >= 0)
+        t = self.table
+        alloc = t.alloc[[t.res_index[CPU], t.res_index[MEMORY]], :n].astype(np.float64)
+        used = t.nonzero_requested[:, :n].astype(np.float64)
+        # kube's LeastAllocated: the mean over cpu and memory of the share still free (scoring usage,
+        # NonZeroRequested), here clipped to [0.001, 1] so that a node where the pod fits counts
+        share = np.divide(alloc - used, alloc, out=np.zeros_like(alloc), where=alloc > 0)
+        share = np.clip(share.mean(axis=0), 0.001, 1.0)
+        # what one such pod takes of a node, in the same units (on the feasible nodes' mean size)
+        request = np.array([pod.nonzero_cpu_milli, pod.nonzero_memory_bytes], np.float64)
+        size = alloc[:, fit].mean(axis=1) if fit.any() else np.zeros(2)
+        cost = float(np.divide(request, size, out=np.zeros(2), where=size > 0).mean())
+        room = _Room([share[fit & (owner == s)] for s in range(k)], cost)
         static = np.bincount(owner[static_ok & (owner >= 0)], minlength=k)[:k]
-        return fits, static
+        return room, static
 
-    def _choose(self, fits: np.ndarray, static: np.ndarray, exclude: set[int] = frozenset()) -> int | None:
+    def _choose(self, room: "_Room", static: np.ndarray, exclude: set[int] = frozenset()) -> int | None:
         alive = np.array([s.alive for s in self.shards], bool)
-        ok = alive & (fits > 0)
+        ok = alive & (room.fits > 0)
         for i in exclude:
             if i < len(ok):  # a shard removed since
                 ok[i] = False
         if not ok.any():
             return None
-        # most room per pod already routed there: spreads a burst in proportion to capacity
-        weight = np.where(ok, fits / (1.0 + self.routed), -1.0)
-        return int(np.argmax(weight))
+        # the shard whose emptiest nodes stay emptiest once the pods already routed to it are placed
+        # (`_Room.level`): a burst spreads in proportion to the shards' free room, and pods arriving
+        # one at a time go to the shard holding the emptiest node, so that they spread over all
+        # nodes as kube-scheduler's LeastAllocated spreads them over its nodes
+        levels = np.array([room.level(s, int(self.routed[s])) if ok[s] else -np.inf for s in range(len(ok))])
+        return int(np.argmax(levels))
 
     def route(self, pods: list[PodInfo]) -> None:
         """Send pending pods to shards (grouped into one call per shard)."""
         by_shard: dict[int, list[PodInfo]] = defaultdict(list)
-        counts_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        counts_cache: dict[str, tuple[_Room, np.ndarray]] = {}
         for pod in pods:
             counts = counts_cache.get(pod.signature)
             if counts is None:
                 counts = counts_cache[pod.signature] = self._shard_counts(pod)
-            fits, static = counts
-            target = self._choose(fits, static)
+            room, static = counts
+            target = self._choose(room, static)
             if target is None:  # fits nowhere now: the shard with most matching nodes reports why
                 target = int(np.argmax(static)) if static.any() else 0
             slim = _slim(pod)  # kept and sent without the raw object: memory is per pending pod
@@ -537,8 +593,8 @@ class Coordinator:
                     t.tried.clear()
                 elif h.reason != BIND_CONFLICT:  # a rejected bind says nothing about the shard's room
                     t.tried.add(shard)
-                fits, static = self._shard_counts(pod)
-                target = self._choose(fits, static, exclude=t.tried)
+                room, static = self._shard_counts(pod)
+                target = self._choose(room, static, exclude=t.tried)
                 self._unroute(t.shard)
                 if target is not None:
                     t.shard = target
@@ -736,7 +792,7 @@ class Coordinator:
         5. Queued pods move: a removed shard hands back its whole queue, a kept one (when growing)
            the added shards' share of it (1 - before/n, from its tail: it goes on with the head),
            drained from their `SchedulingQueue` (`Shard.drain`). They are routed again as new pods
-           are (room per pod routed); pods known unschedulable wait among the unschedulable pods
+           are (`_Room`); pods known unschedulable wait among the unschedulable pods
            of the shard with most matching nodes.
         6. Outside the lock (the watch and the rebalancer go on): removed shards end their batch in
            flight, all at once (`Shard.retire`); what it put back in their queue goes to the
@@ -889,19 +945,19 @@ class Coordinator:
 
     def _reroute(self, items: list[tuple[Tracked, QueuedPodInfo | None]]) -> None:
         """Route tracked pods again (drained from a shard: with their queued pod; from limbo: None).
-        Like `route`: the shard with most room per pod routed there; a pod known unschedulable waits
+        Like `route` (`_Room`); a pod known unschedulable waits
         among the unschedulable pods of the shard with most matching nodes."""
         forward: dict[int, list[PodInfo]] = defaultdict(list)
         park: dict[int, list[QueuedPodInfo]] = defaultdict(list)
-        counts_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        counts_cache: dict[str, tuple[_Room, np.ndarray]] = {}
         for t, q in items:
             self._unroute(t.shard)
             counts = counts_cache.get(t.pod.signature)
             if counts is None:
                 counts = counts_cache[t.pod.signature] = self._shard_counts(t.pod)
-            fits, static = counts
+            room, static = counts
             parked = t.unschedulable and q is not None
-            target = None if parked else self._choose(fits, static)
+            target = None if parked else self._choose(room, static)
             if target is None:
                 target = int(np.argmax(static)) if static.any() else 0
             if parked:
