@@ -778,3 +778,19 @@ def test_binding_marks_count_live_shards_and_expire(ledger: Ledger) -> None:
     assert ledger.binding_count() == 0
     with pytest.raises(ValueError, match="ttl_ms"):
         ledger.mark_binding("shard-0@1", -1)
+
+
+def test_every_ledger_call_says_redis_is_away_as_a_temporary_error() -> None:
+    """Redis not listening: the binds-in-flight marks and `flush` raise TemporaryError (retry
+    later), like every other ledger call, never redis-py's own exceptions."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    away = Ledger(redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=0.5,
+                              retry=Retry(NoBackoff(), 0)), "away:")
+    for call in (lambda: away.mark_binding("shard-0@1", 1000), away.binding_count, away.flush):
+        with pytest.raises(TemporaryError, match="Redis unavailable"):
+            call()

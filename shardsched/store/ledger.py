@@ -595,7 +595,6 @@ class Ledger:
         return usage
 
     @_translate_errors
-    @_translate_errors
     def mark_binding(self, shard: str, ttl_ms: int) -> None:
         """Mark ``shard`` as having binds in flight for ``ttl_ms`` ms (server time) from now, or
         remove its mark with ``ttl_ms`` 0. The marks let the Event and condition writers of every
@@ -610,6 +609,7 @@ class Ledger:
         """How many shards have a live `mark_binding` mark (expired marks are removed)."""
         return int(self._scripts["binding_any"](keys=[f"{self.prefix}binding"]))
 
+    @_translate_errors
     def flush(self) -> int:
         """Delete every key of this ledger's prefix (SCAN + UNLINK, not atomic). Returns how many."""
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "*"
