@@ -374,7 +374,7 @@ class KubeCluster:
             counter("shardsched_kube_binds", "Bind requests by result code (201, 404, 409, 500, 504).",
                     [({"code": str(c)}, n) for c, n in sorted(self.bind_counts.items())]),
             counter("shardsched_kube_writes_held_for_binds",
-                    "Event and condition writes that waited for this process's binds in flight (binds first).",
+                    "Event and condition writes that waited for binds in flight (binds first: this process's, or any shard's).",
                     [({}, self.gate.waits)]),
         ]
         for stats, name in ((self._recorder and self._recorder.stats, "events"),

@@ -20,8 +20,9 @@
   watch already shows the pod bound, else after the 409 and a fresh look.
 
 Both are asynchronous and best-effort like upstream's broadcaster: callers never wait for the API.
-Both yield to the binds of their process (`BindsFirst`): while binds are in flight, one write at a
-time goes out, so that in a burst the API server spends itself on placing pods first.
+Both yield to the binds (`BindsFirst`: of their process, and of every shard when the shards mark
+theirs in the ledger): while binds are in flight, one write at a time goes out, so that in a
+burst the API server spends itself on placing pods first.
 Work goes through a bounded `WorkQueue`; condition updates are coalesced per pod (only the newest
 is written), Events beyond the capacity are dropped and counted. Temporary failures are retried a
 few times with backoff; a 404 (the pod or its namespace is gone) drops the item; a 403 is logged as
@@ -287,8 +288,7 @@ class EventRecorder:
         api: the connection (its rate limiter applies).
         default_controller: ``reportingController`` when the caller names none (a profile's
             schedulerName).
-        gate: the binds of this process this recorder yields to (None: a gate of its own, never
-            shut).
+        gate: the `BindsFirst` this recorder yields to (None: a gate of its own, never shut).
     """
 
     def __init__(self, api: Api, default_controller: str, capacity: int = 10_000,
@@ -426,7 +426,7 @@ class StatusWriter:
     Args:
         api: the connection. current: (namespace, name) -> the pod as last seen on the watch, or
             None (then the patch is sent without the no-change check).
-        gate: the binds of this process this writer yields to (None: never shut).
+        gate: the `BindsFirst` this writer yields to (None: never shut).
     """
 
     def __init__(self, api: Api, current: Callable[[str, str], dict | None], gate: BindsFirst | None = None) -> None:
