@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -232,6 +233,28 @@ def test_the_relist_hook_runs_once_the_cluster_is_loaded_at_start_and_after_410(
     coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
     assert coordinator.poll_watch()
     assert seen == [5, 7]
+
+
+def test_a_relist_keeps_the_owners_drops_nodes_gone_and_places_new_ones_by_load(ledger):
+    """After 410 Gone the coordinator lists again. Nodes still there keep their shard (no
+    handover for them), a node deleted meanwhile leaves its shard and the ledger, and a node
+    created meanwhile goes to a shard below its share (the map stays balanced)."""
+    world = World(ledger, n_nodes=6, shards=2)
+    before = dict(world.coordinator.owners)
+    assert sorted(Counter(before.values()).values()) == [3, 3]
+    gone = sorted(before)[0]
+    world.cluster.delete_node(gone)
+    world.cluster.create_nodes(uniform_nodes(1, cpu="4", prefix="late-"))
+    world.coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
+    assert world.coordinator.poll_watch()
+
+    after = world.coordinator.owners
+    assert {n: after[n] for n in before if n != gone} == {n: i for n, i in before.items() if n != gone}
+    (late,) = set(after) - set(before)
+    assert after[late] == before[gone]  # the shard that lost a node is the one below its share
+    owner = world.shards[before[gone]]
+    assert gone not in owner.table.index and late in owner.table.index
+    assert gone not in ledger.owners() and ledger.owners()[late] == owner.member
 
 
 def test_start_returns_once_every_shard_answers_and_before_it_hands_them_work(ledger):

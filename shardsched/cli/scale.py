@@ -27,8 +27,8 @@ def scale(shards: int | None, ray_address: str | None, name: str, timeout_s: flo
 
     \b
     Joins the Ray cluster, finds the coordinator (a named actor, started by `shardsched run` and
-    `shardsched serve`) and asks it for --shards shards. Rendezvous hashing moves only the nodes
-    whose owner changes; the new owners are published with a new epoch before anything else, so a
+    `shardsched serve`) and asks it for --shards shards. Rendezvous hashing moves about the ideal
+    share of the nodes; the new owners are published with a new epoch before anything else, so a
     shard that has not caught up is refused by the ledger (FENCED) and its pods are routed again;
     removed shards hand back their queued pods, then stop. Prints the step: nodes moved (and the
     ideal fraction), pods routed again, how long it took.

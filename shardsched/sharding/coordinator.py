@@ -2,7 +2,8 @@
 
 It consumes the cluster's watch (list, then events from the list's resourceVersion; relist on 410):
 
-- nodes are assigned to shards by rendezvous hashing; the shard map is published in the Redis
+- nodes are assigned to shards by rendezvous hashing with bounded loads (even shards; a relist
+  keeps the owners of the nodes still there); the shard map is published in the Redis
   ledger with an epoch (the reserve script fences off a shard that no longer owns a node);
 - pending pods whose ``schedulerName`` is one of the profiles are routed to a shard owning nodes
   where they fit (label- and capacity-aware, from the coordinator's own NodeTable of the whole
@@ -24,7 +25,7 @@ expire.
 
 The shard count changes at run time with `Coordinator.scale` (``shardsched scale``, ``shardsched run
 --scale-at``) or the optional autoscaler (`enable_autoscaler`, policy in
-`shardsched.sharding.scaling`): rendezvous hashing moves only the nodes whose owner changes, the new
+`shardsched.sharding.scaling`): rendezvous hashing moves about the ideal share of the nodes, the new
 owners are published with a bumped epoch before anything else (a stale owner is fenced off at
 once), and queued pods are drained and routed again; see `scale`.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -267,26 +268,44 @@ class Coordinator:
                 log.error("node %s ignored: %s", (obj.get("metadata") or {}).get("name"), e)
         self.table.add_nodes(infos)
         self._ledger_instance = self.ledger.instance_id()  # the Redis the map is written to
-        self._repartition(infos)
+        gone = self._repartition(infos)
         for s in self.shards:
             mine = [n.obj for n in infos if self.owners.get(n.name) == s.index]
             s.remote.call("set_epoch", self.epoch)
-            s.remote.call("apply_nodes", mine, [])
+            s.remote.call("apply_nodes", mine, gone.get(s.index, []))
         self._handle_pods([("ADDED", obj) for obj in pods])
         self.rv = rv
         if self.on_relist is not None:
             self.on_relist()
 
-    def _repartition(self, infos: list[NodeInfo]) -> None:
+    def _assign_new(self, names: list[str]) -> dict[str, int]:
+        """Owners (shard index) for nodes joining: rendezvous hashing with bounded loads, counting
+        the nodes each shard already owns (`shardsched.sharding.hashing.assign`)."""
+        owned = Counter(f"shard-{index}" for index in self.owners.values())
         ids = [f"shard-{s.index}" for s in self.shards]
-        by_id = {f"shard-{s.index}": s.index for s in self.shards}
-        owners = {name: by_id[sid] for name, sid in assign([n.name for n in infos], ids).items()}
-        self.owners = owners
+        return {name: int(sid.split("-")[1]) for name, sid in assign(names, ids, owned).items()}
+
+    def _repartition(self, infos: list[NodeInfo]) -> dict[int, list[str]]:
+        """Owners of ``infos`` (the listed nodes), published in the ledger under a new epoch. At the
+        first list the whole map is computed; at a relist (after 410 Gone) the nodes still there
+        keep their owners, new ones are placed as `_handle_nodes` places them, and nodes that are
+        gone are returned per owner index (their shards must drop them)."""
+        listed = {n.name for n in infos}
+        gone: dict[int, list[str]] = defaultdict(list)
+        for name, index in self.owners.items():
+            if name not in listed:
+                gone[index].append(name)
+        self.owners = {name: index for name, index in self.owners.items() if name in listed}
+        self.owners.update(self._assign_new([n.name for n in infos if n.name not in self.owners]))
+        owners = self.owners
         self.epoch = max(self.epoch, self.ledger.epoch()) + 1
         entries = [NodeEntry(n.name, n.allocatable, self.shards[owners[n.name]].member) for n in infos]
         self.ledger.upsert_nodes(entries)
         self.ledger.set_owners({n.name: self.shards[owners[n.name]].member for n in infos}, self.epoch)
+        if gone:
+            self.ledger.remove_nodes([name for names in gone.values() for name in names])
         self._owner_slots()
+        return gone
 
     def _owner_slots(self) -> None:
         arr = np.full(self.table.n, -1, np.int32)
@@ -386,9 +405,7 @@ class Coordinator:
                 entries.append(NodeEntry(name, info.allocatable, None))
                 upserts[self.owners[name]].append(obj)
         if new_infos:
-            ids = [f"shard-{s.index}" for s in self.shards]
-            for name, sid in assign([n.name for n in new_infos], ids).items():
-                self.owners[name] = int(sid.split("-")[1])
+            self.owners.update(self._assign_new([n.name for n in new_infos]))
             for info in new_infos:
                 owner = self.owners[info.name]
                 entries.append(NodeEntry(info.name, info.allocatable, self.shards[owner].member))
@@ -781,7 +798,7 @@ class Coordinator:
         1. New shards are started and must answer (`shard_start_timeout_s`; on a Ray cluster Ray's
            autoscaler may first add a worker node); the others keep scheduling meanwhile.
         2. Under the state lock (steps 2-5): owners are recomputed by rendezvous hashing over the new
-           shard ids, so only nodes whose owner changes move (growth: the new shards' share;
+           shard ids, so about the ideal share of nodes moves (growth: the new shards' share;
            shrinking: the removed shards' nodes).
         3. Their new owners are published in the ledger with a bumped epoch, before anything else:
            from then on reserve.lua refuses (FENCED) every reservation of a stale owner, so the old

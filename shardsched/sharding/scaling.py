@@ -26,8 +26,8 @@ RAY_NAMESPACE = "shardsched"
 
 def ideal_moved_fraction(before: int, after: int, removed_share: float = 0.0) -> float:
     """The fraction of nodes that must change owner when the shard count goes from ``before`` to
-    ``after``: for growth ``1 - before/after`` (the new shards' fair share; rendezvous hashing moves
-    nothing else); for shrinking, the share of the nodes the removed shards owned
+    ``after``: for growth ``1 - before/after`` (the new shards' fair share; rendezvous hashing with
+    bounded loads moves about that); for shrinking, the share of the nodes the removed shards owned
     (``removed_share``, in [0, 1]; about ``1 - after/before`` when the shards were even).
 
     Raises:
