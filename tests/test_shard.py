@@ -18,7 +18,7 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.cache.node_table import PodUsage
 from shardsched.config import load_config
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
-from shardsched.sharding.shard import Shard, ShardOptions
+from shardsched.sharding.shard import START_BATCH, Shard, ShardOptions
 from shardsched.sim import BindResult, FaultConfig, SimCluster, uniform_nodes, uniform_pods
 from shardsched.store import BoundPod, EmbeddedRedis, Ledger, NodeEntry, connect
 
@@ -761,6 +761,26 @@ def test_background_binding_cycles_bind_each_pod_once_and_retire_waits_for_them(
     assert_cluster_safe(cluster)
     assert_ledger_matches_cluster(ledger, cluster)
     assert rebalancer.items == []
+
+
+def test_adaptive_batches_start_small_and_grow_while_the_api_server_binds(ledger):
+    """With background binding cycles the adaptive batch starts at START_BATCH pods, so the first
+    binds of a burst go out after a short scheduling cycle, then doubles the pods still binding;
+    without them (the simulated run) a batch is the whole active queue up to max_batch_size."""
+    cluster = cluster_of(16, 1000, node_cpu="64", faults=FaultConfig(bind_latency_s=0.5))
+    publish(ledger, cluster, A)
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, binding_cycles=2)
+    sizes = [shard.step(), shard.step(), shard.step()]  # the third waits for the first cycle's binds
+    assert sizes == [START_BATCH, 2 * START_BATCH, 1000 - 3 * START_BATCH]
+    shard.stop()
+    shard.run_forever()  # returns at once (stopped), after applying the binding cycles still out
+    assert shard.stats.bound == 1000 and rebalancer.items == []
+    assert_cluster_safe(cluster)
+
+    other = cluster_of(16, 1000, node_cpu="64")
+    publish(ledger, other, B)
+    assert new_shard(ledger, other, RecordingRebalancer(), B).step() == 1000
 
 
 def test_a_batch_scheduled_while_another_binds_sees_its_pods(ledger):

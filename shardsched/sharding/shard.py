@@ -83,6 +83,10 @@ RECENT_LATENCY_WINDOW_S = 10.0
 CREATED_AT_ANNOTATION = "shardsched.io/created-at"
 
 
+#: largest adaptive batch while no binding cycle runs in the background (`Shard._batch_size`)
+START_BATCH = 128
+
+
 @dataclass
 class ShardOptions:
     """Tunables of one shard; the defaults are explained per field.
@@ -319,9 +323,18 @@ class Shard:
         return self.drain()
 
     def _batch_size(self) -> int:
+        """Pods to pop: ``batch_size``, or the active queue up to ``max_batch_size``. With binding
+        cycles in the background the adaptive batch also starts small: at most `START_BATCH`, or
+        twice the pods of the binding cycles still running, so that the first binds of a burst go
+        out after a small batch's scheduling cycle rather than a full one (against an API server a
+        full batch took ~0.2 s of the shard's core while nothing was being bound), and the batches
+        grow while the API server works."""
         if self.options.batch_size > 0:
             return self.options.batch_size
-        return max(1, min(self.options.max_batch_size, self.queue.pending_counts()["active"]))
+        size = min(self.options.max_batch_size, self.queue.pending_counts()["active"])
+        if self.options.binding_cycles > 0:
+            size = min(size, max(START_BATCH, 2 * sum(len(b[1]) for b in self._binding)))
+        return max(1, size)
 
     def step(self) -> int:
         """One batch (see module docstring). Returns the number of pods popped (0 = idle).
