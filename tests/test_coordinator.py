@@ -257,6 +257,38 @@ def test_a_relist_keeps_the_owners_drops_nodes_gone_and_places_new_ones_by_load(
     assert gone not in ledger.owners() and ledger.owners()[late] == owner.member
 
 
+def test_a_node_deleted_and_created_again_in_one_poll_stays_with_its_shard(ledger):
+    """Both events arrive in one poll of the watch: the node is still there, so its shard and the
+    ledger keep it and every pod that fits is bound (before, the removal was applied after the
+    re-add, and the node was lost to its shard and the ledger)."""
+    world = World(ledger, n_nodes=6, shards=2)
+    owner = world.coordinator.owners["node-00000"]
+    world.cluster.delete_node("node-00000")
+    world.cluster.create_nodes(uniform_nodes(1, cpu="4"))
+    world.coordinator.poll_watch()
+
+    assert world.coordinator.owners["node-00000"] == owner
+    assert "node-00000" in world.shards[owner].table.index
+    assert ledger.owners()["node-00000"] == world.shards[owner].member
+    world.create(24)  # 6 nodes x 4 cpu
+    world.settle()
+    assert world.cluster.invariants()["pods_bound"] == 24
+
+
+def test_a_node_created_and_deleted_in_one_poll_is_never_owned(ledger):
+    world = World(ledger, n_nodes=6, shards=2)
+    world.cluster.create_nodes(uniform_nodes(1, cpu="4", prefix="brief-"))
+    world.cluster.delete_node("brief-00000")
+    world.coordinator.poll_watch()
+
+    assert "brief-00000" not in world.coordinator.owners and "brief-00000" not in ledger.owners()
+    assert all("brief-00000" not in s.table.index for s in world.shards.values())
+    assert sorted(Counter(world.coordinator.owners.values()).values()) == [3, 3]
+    world.create(24)
+    world.settle()
+    assert world.cluster.invariants()["pods_bound"] == 24
+
+
 def test_start_returns_once_every_shard_answers_and_before_it_hands_them_work(ledger):
     """`Coordinator.start` pings each new shard (a Ray actor's process takes a second or more to
     start) before it lists the cluster and hands out nodes and pods: when start returns the shards

@@ -146,6 +146,11 @@ def test_rendezvous_hashing_with_bounded_loads_splits_the_nodes_evenly(count, sh
     assert max(loads.values()) == -(-count // shards)
 
 
+def test_rendezvous_hashing_refuses_a_shard_id_given_twice():
+    with pytest.raises(ValueError, match="distinct"):
+        assign(["a", "b", "c"], ["shard-0", "shard-0"])
+
+
 def test_nodes_joining_go_to_the_shards_below_their_share():
     ids = ["shard-0", "shard-1", "shard-2"]
     new = Counter(assign([f"node-{i}" for i in range(6)], ids, owned={"shard-0": 6, "shard-1": 2}).values())

@@ -382,10 +382,20 @@ class Coordinator:
 
     # ------------------------------------------------------------------ watch handling
     def _handle_nodes(self, events: list[tuple[str, dict]]) -> None:
+        # Only a node's last event of the poll counts: a node deleted and created again under the
+        # same name is an update (its shard and the ledger keep it), and one created and deleted
+        # is never placed. Taken one by one, the first lost its shard and ledger entry (the
+        # removal was applied after the re-add) and the second stayed owned for ever.
+        last: dict[object, tuple[str, dict]] = {}
+        for typ, obj in events:
+            name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
+            key = name if name else id(obj)
+            last.pop(key, None)
+            last[key] = (typ, obj)
         upserts: dict[int, list[dict]] = defaultdict(list)
         removals: dict[int, list[str]] = defaultdict(list)
         new_infos, entries = [], []
-        for typ, obj in events:
+        for typ, obj in last.values():
             name = (obj.get("metadata") or {}).get("name")
             if typ == "DELETED":
                 self.table.remove_node(name, keep_pods=True)  # its pods count again if it comes back

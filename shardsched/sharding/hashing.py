@@ -8,12 +8,14 @@ names of the benchmarks, and the shard with 62% of the room gets 62% of the pods
 once the other is done.
 
 `assign` bounds the loads (after Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with
-Bounded Loads", 2018, with no slack): no shard owns more than ``ceil(nodes / shards)``. The
-pairs are taken in order of weight, highest first, and a node goes to the first shard of its
-pairs that still has room. The partition is as even as the node count allows, and the number of
-nodes a change of shard count moves stays at the ideal share (measured for 50 to 5,000 nodes and
+Bounded Loads", 2018, with no slack): no shard owns more than ``ceil(nodes / shards)``, a bound
+and not a floor (40 nodes over 3 shards may split 12/14/14). The pairs are taken in order of
+weight, highest first, and a node goes to the first shard of its pairs that still has room. The
+nodes a change of shard count moves stay near the ideal share (measured for 50 to 5,000 nodes and
 1 to 8 shards: 2 -> 3 shards moves 0.335 of 5,000 nodes, 4 -> 5 moves 0.208; the ideal is 1/3 and
-1/5).
+1/5). The coordinator computes the whole map at start and at each scale step; between them nodes
+joining go to the shards below their share, and deletions may leave a shard above it until the
+next step.
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ def assign(nodes: Iterable[str], shards: Sequence[str], owned: Mapping[str, int]
         nodes, kept ones included.
 
     Raises:
-        ValueError: no shards.
+        ValueError: no shards, or a shard id given twice.
     """
     if not shards:
         raise ValueError("rendezvous hashing needs at least one shard")
+    if len(set(shards)) != len(shards):
+        raise ValueError(f"shard ids must be distinct: {list(shards)}")
     names = sorted(set(nodes))
     if len(shards) == 1:
         return dict.fromkeys(names, shards[0])
