@@ -153,12 +153,11 @@ class BindsFirst:
         waited = False
         while True:
             with self._cond:
-                at_limit = self._writing >= self.while_binding
-                local = at_limit and self._busy_locked()
-                if not at_limit or (not local and self.peers is None):
+                if self._writing < self.while_binding:
                     self.waits += waited
                     self._writing += 1
                     break
+                local = self._busy_locked()
             peers = False if local else self._peers_busy()  # outside the lock (`_peers_busy`)
             with self._cond:
                 local = self._busy_locked()

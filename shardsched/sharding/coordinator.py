@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -96,6 +96,14 @@ def _slim(pod: PodInfo) -> PodInfo:
     slim = PodInfo(**{f: getattr(pod, f) for f in PodInfo.__dataclass_fields__ if f != "obj"})
     slim.obj = {"metadata": {"annotations": ann}} if ann else {}
     return slim
+
+
+def _assign(names: list[str], indices: Iterable[int], owned: Mapping[int, int] | None = None) -> dict[str, int]:
+    """`shardsched.sharding.hashing.assign` over the shard ids ``shard-<index>``: node -> shard
+    index (``owned``: shard index -> nodes it keeps)."""
+    ids = {f"shard-{i}": i for i in indices}
+    kept = {f"shard-{i}": n for i, n in (owned or {}).items()}
+    return {name: ids[sid] for name, sid in assign(names, list(ids), kept).items()}
 
 
 class _Room:
@@ -279,11 +287,8 @@ class Coordinator:
             self.on_relist()
 
     def _assign_new(self, names: list[str]) -> dict[str, int]:
-        """Owners (shard index) for nodes joining: rendezvous hashing with bounded loads, counting
-        the nodes each shard already owns (`shardsched.sharding.hashing.assign`)."""
-        owned = Counter(f"shard-{index}" for index in self.owners.values())
-        ids = [f"shard-{s.index}" for s in self.shards]
-        return {name: int(sid.split("-")[1]) for name, sid in assign(names, ids, owned).items()}
+        """Owners (shard index) for nodes joining, counting the nodes each shard already owns."""
+        return _assign(names, [s.index for s in self.shards], Counter(self.owners.values()))
 
     def _repartition(self, infos: list[NodeInfo]) -> dict[int, list[str]]:
         """Owners of ``infos`` (the listed nodes), published in the ledger under a new epoch. At the
@@ -384,12 +389,10 @@ class Coordinator:
     def _handle_nodes(self, events: list[tuple[str, dict]]) -> None:
         # Only a node's last event of the poll counts: a node deleted and created again under the
         # same name is an update (its shard and the ledger keep it), and one created and deleted
-        # is never placed. Taken one by one, the first lost its shard and ledger entry (the
-        # removal was applied after the re-add) and the second stayed owned for ever.
+        # is never placed.
         last: dict[object, tuple[str, dict]] = {}
         for typ, obj in events:
-            name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
-            key = name if name else id(obj)
+            key = (obj.get("metadata") or {}).get("name") or id(obj)
             last.pop(key, None)
             last[key] = (typ, obj)
         upserts: dict[int, list[dict]] = defaultdict(list)
@@ -889,8 +892,7 @@ class Coordinator:
         before = len(self.shards)
         kept, removed = self.shards[:n], self.shards[n:]
         shards = kept + added
-        ids = [f"shard-{i}" for i in range(n)]
-        after = {name: int(sid.split("-")[1]) for name, sid in assign(list(self.owners), ids).items()}
+        after = _assign(list(self.owners), range(n))
         moved = {name: index for name, index in after.items() if index != self.owners[name]}
         nodes = len(after)
         removed_share = sum(1 for index in self.owners.values() if index >= n) / nodes if nodes else 0.0

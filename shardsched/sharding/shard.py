@@ -192,8 +192,7 @@ class Shard:
         self._binds_lock = threading.Lock()
         self._binds_in_flight = 0
         self._binds_marked = float("-inf")
-        if self._mark_binds:
-            yield_writes_to_binds(cluster, ledger)
+        yield_writes_to_binds(cluster, ledger)
 
     # ------------------------------------------------------------------ inputs (from the coordinator)
     def set_epoch(self, epoch: int) -> None:
