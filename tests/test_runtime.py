@@ -39,7 +39,7 @@ TRACE = Path(__file__).parent / "data" / "alibaba-slice"
 CLI = [sys.executable, "-m", "shardsched.cli.main"]
 RUN_JSON_KEYS = {
     "pods_total", "pods_bound", "pods_unschedulable", "pods_pending", "throughput_pods_per_s", "latency_ms",
-    "overcommitted_nodes", "double_binds", "lost_pods", "conflicts", "requeues", "shards", "nodes", "wall_s",
+    "overcommitted_nodes", "double_binds", "lost_pods", "conflicts", "requeues", "shards", "shards_at_end", "nodes", "wall_s",
     "peak_rss_bytes",
 }
 
@@ -83,7 +83,7 @@ def test_a_burst_is_all_bound(redis_server, shards):
     assert_invariants(data)
     assert data["pods_bound"] == data["pods_total"] == pods
     assert data["pods_unschedulable"] == data["pods_pending"] == 0
-    assert data["shards"] == shards and data["nodes"] == nodes
+    assert data["shards"] == data["shards_at_end"] == shards and data["nodes"] == nodes
     assert len(report.latencies_s) == pods and data["latency_ms"]["p99"] >= data["latency_ms"]["p50"] > 0
     assert data["throughput_pods_per_s"] > 0
     assert all(s["bound"] > 0 for s in report.shard_snapshots)  # every shard did its part

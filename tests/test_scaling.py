@@ -307,6 +307,7 @@ def test_a_run_scaled_1_4_2_mid_burst_keeps_every_invariant(redis_server, _ray):
     grow, shrink = data["scaling"]
     assert (grow["from_shards"], grow["to_shards"], shrink["from_shards"], shrink["to_shards"]) == (1, 4, 4, 2)
     assert grow["nodes"] == shrink["nodes"] == nodes and shrink["epoch"] > grow["epoch"]
+    assert (data["shards"], data["shards_at_end"]) == (1, 2)
     assert grow["ideal_fraction"] == 0.75 and abs(grow["moved_fraction"] - 0.75) < 0.05
     assert shrink["removed_share"] == shrink["ideal_fraction"]
     assert 0 <= shrink["moved_fraction"] - shrink["removed_share"] <= 0.02  # the load bound's few

@@ -88,6 +88,9 @@ class RunReport:
     conflicts: int = 0
     requeues: int = 0
     shards: int = 0
+    #: shards running when the run ended (differs from ``shards``, the count at start, after
+    #: ``scale_at`` steps, `shardsched scale` or the autoscaler)
+    shards_at_end: int = 0
     nodes: int = 0
     cpu_s: float = 0.0
     cpu_s_by_process: dict[str, float] = field(default_factory=dict)
@@ -123,7 +126,8 @@ class RunReport:
             "overcommitted_nodes": len(inv.get("overcommitted_nodes", ())),
             "admission_rejections": int(inv.get("admission_rejections", 0)),
             "double_binds": int(inv.get("double_binds", 0)), "lost_pods": self.lost_pods,
-            "conflicts": self.conflicts, "requeues": self.requeues, "shards": self.shards, "nodes": self.nodes,
+            "conflicts": self.conflicts, "requeues": self.requeues, "shards": self.shards,
+            "shards_at_end": self.shards_at_end, "nodes": self.nodes,
             "wall_s": round(self.wall_s, 3), "schedule_wall_s": round(self.schedule_wall_s, 3),
             "cpu_cores_used": round(self.cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
             "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
@@ -488,6 +492,7 @@ class EmbeddedRun:
         inv = ray.get(self.cluster.invariants.remote())
         status = ray.get(self.coordinator.status.remote())
         shards = ray.get(self.coordinator.shards.remote())
+        report.shards_at_end = len(shards)
         stats: list[ShardStats] = list(ray.get(self.coordinator.retired_shard_stats.remote()))
         for s in shards:
             try:
