@@ -680,6 +680,49 @@ def test_the_fit_check_counts_every_page_of_bound_pods(monkeypatch, tmp_path):
         assert len(pages) >= 4 and {q.get("limit") for q in pages} == {"2"}  # two checks, two pages each
 
 
+def test_the_bench_observer_reports_binds_and_runs_without_the_cyclic_collector(tmp_path):
+    """`_observe` (the bench's observer process, run here in a thread of this process so that its
+    effect on the collector can be read): it lists, says ready, reports each counted pod's bind
+    and creation time once all are bound, and has turned the cyclic collector off (its full
+    collections stalled the binds being measured)."""
+    import gc
+    import multiprocessing
+
+    from shardsched.kube import bench as bench_mod
+
+    sim = SimCluster()
+    sim.create_nodes([node("n0", cpu="8")])
+    made = []
+    for i in range(3):
+        p = pod(f"obs{i:06d}", cpu="10m")
+        p["metadata"].pop("uid")
+        p["metadata"]["labels"] = {"app": bench_mod.BENCH_APP}
+        p["metadata"]["annotations"] = {bench_mod.CREATED_AT_ANNOTATION: "1000.5"}
+        made.append(p)
+    sim.create_pods(made)
+    parent, child = multiprocessing.Pipe()
+    was_enabled = gc.isenabled()
+    try:
+        with SimApiServer(sim) as srv:
+            spec = ClientSpec(kubeconfig=srv.write_kubeconfig(str(tmp_path / "kubeconfig")))
+            t = threading.Thread(target=bench_mod._observe, args=(spec, "default", "obs", 3, child), daemon=True)
+            t.start()
+            assert parent.poll(20) and parent.recv() == ("ready", None)
+            assert not gc.isenabled()
+            parent.send(("go", 20.0))
+            sim.bind_many([("default", f"obs{i:06d}", "n0") for i in range(3)])
+            assert parent.poll(20)
+            msg, (bound_at, created_at) = parent.recv()
+            parent.send(("stop", None))
+            t.join(10)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert msg == "done" and not t.is_alive()
+    assert set(bound_at) == set(created_at) == {f"obs{i:06d}" for i in range(3)}
+    assert set(created_at.values()) == {1000.5} and all(v > 1000.5 for v in bound_at.values())
+
+
 # ---------------------------------------------------------------------------------------- envtest
 @pytest.fixture(scope="module")
 def plane():
