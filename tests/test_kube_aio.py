@@ -160,3 +160,74 @@ def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
     finally:
         simapi.sim.bind_many = real
         kc.stop()
+
+
+def _count_connections(monkeypatch) -> list[int]:
+    """Count the TCP connections the HTTP peer accepts from now on (one handler per connection)."""
+    from shardsched.kube import simapi as simapi_module
+
+    accepted = [0]
+    real_setup = simapi_module._Handler.setup
+
+    def setup(self):
+        accepted[0] += 1
+        real_setup(self)
+
+    monkeypatch.setattr(simapi_module._Handler, "setup", setup)
+    return accepted
+
+
+def test_connections_opened_ahead_serve_a_burst_of_binds_without_new_ones(simapi, simapi_spec, monkeypatch):
+    accepted = _count_connections(monkeypatch)
+    pods = []
+    for i in range(16):
+        p = pod(f"w{i}", cpu="1m")
+        p["metadata"].pop("uid")
+        p["spec"]["schedulerName"] = SCHED
+        pods.append(simapi.sim.create_pod(p))
+    kc = KubeCluster(simapi_spec, [SCHED], bind_workers=4, emit_scheduled=False)
+    real = simapi.sim.bind_many
+    simapi.sim.bind_many = lambda b: (time.sleep(0.05), real(b))[1]  # slow enough that 4 are in flight
+    try:
+        assert kc.open_connections(2) == 8  # 2 binding cycles x 4 binds in flight
+        assert accepted[0] == 8
+        first, second = pods[:8], pods[8:]
+        results = []
+        cycles = [threading.Thread(target=lambda ps=ps: results.extend(
+            kc.bind_many([("default", p["metadata"]["name"], "n0", p["metadata"]["uid"]) for p in ps])))
+            for ps in (first, second)]
+        for t in cycles:
+            t.start()
+        for t in cycles:
+            t.join()
+        assert sorted(r.code for r in results) == [201] * 16
+        assert accepted[0] == 8  # the two cycles' binds (4 in flight each) used the open connections
+    finally:
+        simapi.sim.bind_many = real
+        kc.stop()
+
+
+def test_connections_opened_ahead_stay_within_the_bind_rate_limits_burst(simapi, tmp_path, monkeypatch):
+    accepted = _count_connections(monkeypatch)
+    spec = ClientSpec(kubeconfig=simapi.write_kubeconfig(str(tmp_path / "kc")), qps=10, burst=6, request_timeout_s=5)
+    kc = KubeCluster(spec, [SCHED], bind_share=0.5, bind_workers=32, emit_scheduled=False)
+    try:
+        assert kc.open_connections(2) <= 3  # the bind share of the burst (half of 6), not 2 x 32
+        assert 1 <= accepted[0] <= 3
+    finally:
+        kc.stop()
+
+
+def test_opening_connections_to_an_unreachable_server_returns_0_without_raising(simapi, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "refused"
+    path.write_text(open(simapi.write_kubeconfig(str(tmp_path / "kc"))).read().replace(simapi.url, f"http://127.0.0.1:{port}"))
+    kc = KubeCluster(ClientSpec(kubeconfig=str(path), qps=0), [SCHED], bind_workers=4, emit_scheduled=False)
+    try:
+        t0 = time.monotonic()
+        assert kc.open_connections(2) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        kc.stop()

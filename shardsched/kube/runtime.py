@@ -136,6 +136,8 @@ class KubeRuntime:
             self.cluster = KubeCluster(self.spec, self.names, watch_timeout_s=self.options.watch_timeout_s)
         if isinstance(self.cluster, KubeCluster):
             self.cluster.start()
+            if self.options.shard_options.binding_cycles > 0:  # every shard's binding cycles share it
+                self.cluster.open_connections(self.options.shards * self.options.shard_options.binding_cycles)
         ref = _CoordinatorRef()
 
         def factory(index: int, member: str) -> Remote:

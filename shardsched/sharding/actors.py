@@ -55,6 +55,11 @@ class ShardHost:
                            RemoteRebalancer(Remote(coordinator)), options)
         self.thread = threading.Thread(target=self.shard.run_forever, name=f"shard-{index}", daemon=True)
         self.thread.start()
+        # before this constructor returns, i.e. before the coordinator's start-up ping is answered:
+        # the backend's connections for this shard's binding cycles (`KubeCluster.open_connections`)
+        open_connections = getattr(self._own_backend, "open_connections", None)
+        if callable(open_connections) and options.binding_cycles > 0:
+            open_connections(options.binding_cycles)
 
     def adopt(self, coordinator: Any) -> str:
         """A new coordinator (actor handle) takes this shard over; see `Shard.adopt`."""
