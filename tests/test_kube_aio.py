@@ -54,14 +54,19 @@ def test_wrong_token_is_unauthorized(simapi, tmp_path):
         bad.close()
 
 
-def test_refused_connection_is_unreachable_and_a_slow_answer_a_timeout(simapi, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
+def _refused_kubeconfig(simapi, tmp_path) -> str:
+    """A kubeconfig like the HTTP peer's that names a port nobody listens on."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    good = simapi.write_kubeconfig(str(tmp_path / "kc"))
     path = tmp_path / "refused"
-    path.write_text(open(good).read().replace(simapi.url, f"http://127.0.0.1:{port}"))
-    refused = AioApi(ClientSpec(kubeconfig=str(path)))
+    path.write_text(open(simapi.write_kubeconfig(str(tmp_path / "kc-good"))).read()
+                    .replace(simapi.url, f"http://127.0.0.1:{port}"))
+    return str(path)
+
+
+def test_refused_connection_is_unreachable_and_a_slow_answer_a_timeout(simapi, tmp_path):
+    refused = AioApi(ClientSpec(kubeconfig=_refused_kubeconfig(simapi, tmp_path)))
     try:
         with pytest.raises(Unreachable):
             refused.request("GET", "/version", verb="get", resource="version")
@@ -219,12 +224,8 @@ def test_connections_opened_ahead_stay_within_the_bind_rate_limits_burst(simapi,
 
 
 def test_opening_connections_to_an_unreachable_server_returns_0_without_raising(simapi, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = tmp_path / "refused"
-    path.write_text(open(simapi.write_kubeconfig(str(tmp_path / "kc"))).read().replace(simapi.url, f"http://127.0.0.1:{port}"))
-    kc = KubeCluster(ClientSpec(kubeconfig=str(path), qps=0), [SCHED], bind_workers=4, emit_scheduled=False)
+    kc = KubeCluster(ClientSpec(kubeconfig=_refused_kubeconfig(simapi, tmp_path), qps=0), [SCHED], bind_workers=4,
+                     emit_scheduled=False)
     try:
         t0 = time.monotonic()
         assert kc.open_connections(2) == 0
