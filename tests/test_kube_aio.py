@@ -131,13 +131,19 @@ def test_rate_limit_applies_to_each_view(api):
     assert limited.loop is api.loop
 
 
-def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
+def _pending_pods(simapi, prefix: str, n: int) -> list[dict]:
+    """``n`` pending pods of our scheduler created in the HTTP peer's cluster (with their uids)."""
     pods = []
-    for i in range(120):
-        p = pod(f"p{i}", cpu="1m")
+    for i in range(n):
+        p = pod(f"{prefix}{i}", cpu="1m")
         p["metadata"].pop("uid")
         p["spec"]["schedulerName"] = SCHED
         pods.append(simapi.sim.create_pod(p))
+    return pods
+
+
+def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
+    pods = _pending_pods(simapi, "p", 120)
     kc = KubeCluster(simapi_spec, [SCHED], bind_workers=3, emit_scheduled=False)
     in_flight, peak, lock = [0], [0], threading.Lock()
     real = simapi.sim.bind_many
@@ -184,12 +190,7 @@ def _count_connections(monkeypatch) -> list[int]:
 
 def test_connections_opened_ahead_serve_a_burst_of_binds_without_new_ones(simapi, simapi_spec, monkeypatch):
     accepted = _count_connections(monkeypatch)
-    pods = []
-    for i in range(16):
-        p = pod(f"w{i}", cpu="1m")
-        p["metadata"].pop("uid")
-        p["spec"]["schedulerName"] = SCHED
-        pods.append(simapi.sim.create_pod(p))
+    pods = _pending_pods(simapi, "w", 16)
     kc = KubeCluster(simapi_spec, [SCHED], bind_workers=4, emit_scheduled=False)
     real = simapi.sim.bind_many
     simapi.sim.bind_many = lambda b: (time.sleep(0.05), real(b))[1]  # slow enough that 4 are in flight
