@@ -197,8 +197,7 @@ def _print_summary(report) -> None:
     data = report.to_json()
     console = Console()
     lat = data["latency_ms"]
-    shards = f"{data['shards']}" if data["shards_at_end"] in (0, data["shards"]) else f"{data['shards']} -> {data['shards_at_end']}"
-    table = Table(title=f"shardsched run: {data['nodes']} nodes, {data['pods_total']} pods, {shards} shards")
+    table = Table(title=f"shardsched run: {data['nodes']} nodes, {data['pods_total']} pods, {report.shards_label} shards")
     for col in ("", "avg latency", "P99 latency", "pods/s", "CPU cores", "memory"):
         table.add_column(col, justify="right")
     table.add_row("[bold]shardsched (this run)", f"{lat['avg'] / 1000:.3f} s", f"{lat['p99'] / 1000:.3f} s",
@@ -254,8 +253,7 @@ def _plot(report, path: str) -> None:
     axes[2].plot(t, [100 * x.utilization for x in s], color="tab:green")
     axes[2].set_ylabel("CPU requested (%)")
     axes[2].set_xlabel("seconds since the workload started")
-    shards = report.shards if report.shards_at_end in (0, report.shards) else f"{report.shards} -> {report.shards_at_end}"
-    fig.suptitle(f"shardsched run: {report.nodes} nodes, {report.pods_total} pods, {shards} shards")
+    fig.suptitle(f"shardsched run: {report.nodes} nodes, {report.pods_total} pods, {report.shards_label} shards")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

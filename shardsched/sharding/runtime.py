@@ -108,6 +108,13 @@ class RunReport:
     errors: list[str] = field(default_factory=list)
 
     @property
+    def shards_label(self) -> str:
+        """The shard count for titles: ``"2"``, or ``"1 -> 2"`` when it changed during the run."""
+        if self.shards_at_end in (0, self.shards):
+            return str(self.shards)
+        return f"{self.shards} -> {self.shards_at_end}"
+
+    @property
     def throughput(self) -> float:
         return self.pods_bound / self.schedule_wall_s if self.schedule_wall_s > 0 else 0.0
 
