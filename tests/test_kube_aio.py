@@ -233,3 +233,23 @@ def test_opening_connections_to_an_unreachable_server_returns_0_without_raising(
         assert time.monotonic() - t0 < 5
     finally:
         kc.stop()
+
+
+def test_idle_connections_live_as_long_as_the_idle_setting(simapi, simapi_spec, monkeypatch):
+    """The connector is ours (`IDLE_CONNECTION_S`, client-go's 90 s, not aiohttp's 15 s): set to
+    0.3 s here, a connection idle for 1 s is closed and the next request opens a new one; within
+    the setting it is reused."""
+    from shardsched.kube import aio as aio_module
+
+    monkeypatch.setattr(aio_module, "IDLE_CONNECTION_S", 0.3)
+    accepted = _count_connections(monkeypatch)
+    a = AioApi(simapi_spec)
+    try:
+        a.request("GET", "/version", verb="get", resource="version")
+        a.request("GET", "/version", verb="get", resource="version")
+        assert accepted[0] == 1  # reused while fresh
+        time.sleep(1.0)
+        a.request("GET", "/version", verb="get", resource="version")
+        assert accepted[0] == 2  # closed after 0.3 s idle (aiohttp's own 15 s would have kept it)
+    finally:
+        a.close()
