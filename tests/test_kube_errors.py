@@ -465,13 +465,18 @@ def test_scheduled_events_wait_for_the_binds_in_flight(server, cluster):
     assert cluster.gate.waits >= 1, "Events were held back while binding"
 
 
-def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, spec, ledger):
+@pytest.mark.parametrize("pods", [3, 40], ids=["small", "burst"])
+def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, spec, ledger, pods):
     """In Ray mode each shard binds from a process of its own, through a `KubeCluster` copy (and
-    gate) of its own, and the coordinator writes from a third. A shard marks its binds in flight
-    in the ledger; the Event writers of every copy yield to them, one write at a time, and all go
-    out once the binds are done (the mark is then gone)."""
+    gate) of its own that it reaches as a `RemoteBindTarget` (as `ShardHost` builds it), and the
+    coordinator writes from a third. A shard marks its binds in flight in the ledger, and a bind
+    call that fills its request slots (40 pods, 32 slots) as a burst; the Event writers of every
+    copy yield to them: one write at a time while the shard binds a few pods, none at all while
+    it binds a burst (shorter than the hold), and all go out once the binds are done (the mark is
+    then gone)."""
     from shardsched.api.objects import NodeInfo, PodInfo
     from shardsched.config import parse_config
+    from shardsched.sharding.remote import Remote, RemoteBindTarget
     from shardsched.sharding.shard import Shard, ShardOptions, yield_writes_to_binds
     from shardsched.store import NodeEntry
 
@@ -495,17 +500,18 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
         infos = [NodeInfo.from_object(n) for n in nodes]
         ledger.upsert_nodes([NodeEntry(n.name, n.allocatable, member) for n in infos])
         ledger.set_owners({n.name: member for n in infos}, 1)
-        shard = Shard(0, member, config, ledger, binder, Rebalancer(), ShardOptions(seed=0))
+        shard = Shard(0, member, config, ledger, RemoteBindTarget(Remote(binder)), Rebalancer(), ShardOptions(seed=0))
         shard.set_epoch(1)
         shard.apply_nodes(nodes)
-        pods = [pending(server.sim, f"xp-{i}") for i in range(3)]
+        n = pods
+        pods = [pending(server.sim, f"xp-{i}") for i in range(n)]
         shard.add_pods([PodInfo.from_object(p) for p in pods])
         server.sim.bind_many, server.sim.record_event = slow_bind, slow_record
-        step = threading.Thread(target=shard.step)  # one batch: the three pods, bound in 0.8 s
+        step = threading.Thread(target=shard.step)  # one batch: all the pods, bound in 0.8 s
         step.start()
         wait_for(lambda: state["binding"])
-        assert ledger.binding_count() == 1, "the shard marked its binds in flight"
-        for p in pods * 2:
+        assert ledger.binding_marks() == (1, int(n >= binder.bind_workers)), "the shard marked its binds in flight"
+        for p in pods[:3] * 2:
             writer.record_event({"kind": "Pod", "namespace": "default", "name": p["metadata"]["name"]},
                                 "Normal", "Test", "written by another process")
         step.join(10)
@@ -517,6 +523,9 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
     assert all(server.sim.get_pod("default", p["metadata"]["name"])["spec"].get("nodeName") for p in pods)
     assert not handed_off
     assert state["written"] == 6, state
-    assert state["peak_while_binding"] <= 1, state
+    if n >= binder.bind_workers:
+        assert state["peak_while_binding"] == 0, state
+    else:
+        assert state["peak_while_binding"] == 1, state
     assert writer.gate.waits >= 1, "the other process's Events were held back while the shard bound"
-    assert ledger.binding_count() == 0, "the mark is removed when the shard's last bind call ends"
+    assert ledger.binding_marks() == (0, 0), "the mark is removed when the shard's last bind call ends"

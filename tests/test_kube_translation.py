@@ -296,6 +296,76 @@ def test_events_and_conditions_yield_to_binds_in_flight():
         BindsFirst(while_binding=0)
 
 
+def test_events_and_conditions_wait_out_a_burst_of_binds():
+    """A bind call of ``burst_pods`` pods or more is a burst: while it is in flight each write
+    waits ``hold_s`` first (none goes out), then one at a time; once it ends the rest go out side
+    by side. A small bind call holds nothing longer than one write at a time. A peer answering
+    BURST holds the writes like a local burst."""
+    import threading
+    import time
+
+    from shardsched.kube.writers import BindsFirst
+
+    gate = BindsFirst(while_binding=1, linger_s=0.02, hold_s=0.4, burst_pods=10)
+    lock, entered, inside, peak = threading.Lock(), [], [0], [0]
+
+    def write(takes_s: float) -> None:
+        with gate.writing():
+            with lock:
+                entered.append(time.monotonic())
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(takes_s)
+            with lock:
+                inside[0] -= 1
+
+    def start(n: int, takes_s: float = 0.05) -> list[threading.Thread]:
+        threads = [threading.Thread(target=write, args=(takes_s,)) for _ in range(n)]
+        for t in threads:
+            t.start()
+        return threads
+
+    with gate.binding(9):  # small: one at a time at once
+        assert gate.level() == gate.BINDING
+        started = time.monotonic()
+        for t in start(3):
+            t.join(5)
+        assert len(entered) == 3 and peak[0] == 1 and entered[0] - started < 0.2
+    time.sleep(0.05)
+    entered.clear()
+    peak[0] = 0
+    with gate.binding(10):  # a burst
+        assert gate.level() == gate.BURST
+        started = time.monotonic()
+        threads = start(3)
+        time.sleep(0.3)
+        assert entered == [], "no write while the burst is younger than hold_s"
+        time.sleep(0.5)  # 0.8 s in: the holds are over, one at a time
+        assert len(entered) == 3 and peak[0] == 1
+        assert min(entered) - started >= 0.39
+    for t in threads:
+        t.join(5)
+    time.sleep(0.05)
+    entered.clear()
+    peak[0] = 0
+    gate.peers = lambda: gate.BURST  # another process binds a burst
+    started = time.monotonic()
+    for t in start(2):
+        t.join(5)
+    assert min(entered) - started >= 0.39 and peak[0] == 1
+    gate.peers = lambda: gate.IDLE
+    time.sleep(gate.PEER_POLL_S * 2)
+    entered.clear()
+    peak[0] = 0
+    for t in start(4, takes_s=0.5):
+        t.join(5)
+    assert len(entered) == 4 and peak[0] == 4, "side by side once nobody binds"
+    with pytest.raises(ValueError, match="hold_s"):
+        BindsFirst(hold_s=-1)
+    with pytest.raises(ValueError, match="burst_pods"):
+        BindsFirst(burst_pods=0)
+
+
 def test_events_and_conditions_yield_to_the_binds_of_other_processes():
     """With ``peers`` (other shards' binds, read from the ledger), writes go out one at a time
     while the peers bind, though this process binds nothing, and side by side once they stop; a

@@ -780,6 +780,27 @@ def test_binding_marks_count_live_shards_and_expire(ledger: Ledger) -> None:
         ledger.mark_binding("shard-0@1", -1)
 
 
+def test_binding_marks_say_which_shards_bind_a_burst(ledger: Ledger) -> None:
+    """`mark_binding(..., burst=True)`: the shard counts in both figures of `binding_marks`;
+    marking it again without the burst (its last burst call ended, smaller ones still run) keeps
+    it binding but not bursting; TTL 0 removes both marks, and a burst mark expires with its TTL."""
+    assert ledger.binding_marks() == (0, 0)
+    ledger.mark_binding("shard-0@1", 10_000, burst=True)
+    ledger.mark_binding("shard-1@1", 10_000)
+    assert ledger.binding_marks() == (2, 1)
+    ledger.mark_binding("shard-0@1", 10_000, burst=False)
+    assert ledger.binding_marks() == (2, 0)
+    ledger.mark_binding("shard-1@1", 10_000, burst=True)
+    ledger.mark_binding("shard-1@1", 0)
+    assert ledger.binding_marks() == (1, 0)
+    ledger.mark_binding("shard-2@1", 50, burst=True)
+    assert ledger.binding_marks() == (2, 1)
+    time.sleep(0.15)
+    assert ledger.binding_marks() == (1, 0), "the 50-ms burst mark expired"
+    ledger.mark_binding("shard-0@1", 0)
+    assert ledger.binding_marks() == (0, 0) and ledger.binding_count() == 0
+
+
 def test_every_ledger_call_says_redis_is_away_as_a_temporary_error() -> None:
     """Redis not listening: the binds-in-flight marks and `flush` raise TemporaryError (retry
     later), like every other ledger call, never redis-py's own exceptions."""

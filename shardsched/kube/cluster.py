@@ -104,7 +104,9 @@ class KubeCluster:
         self._bind_api: AioApi | None = None
         self._recorder: EventRecorder | None = None
         self._status: StatusWriter | None = None
-        self.gate = BindsFirst()  # the Events and conditions of this copy yield to its binds
+        # the Events and conditions of this copy yield to its binds; a call that fills a binding
+        # cycle's request slots is a burst
+        self.gate = BindsFirst(burst_pods=bind_workers)
         self._reflectors: list[Reflector] = []
         self._started = False
         self._draining = False  # `drain_binds`: binds not yet sent answer NOT_APPLIED
@@ -240,7 +242,7 @@ class KubeCluster:
         if not bindings:
             return []
         api = self._binder()
-        with self.gate.binding():
+        with self.gate.binding(len(bindings)):
             results = api.run(self._bind_all(api, bindings))
         if self.emit_scheduled:
             self._emit_scheduled(bindings, results)

@@ -51,6 +51,13 @@ EVENT_WRITERS = 8
 
 #: Event and condition writes in flight at once while the same process binds (`BindsFirst`)
 WRITES_WHILE_BINDING = 1
+#: how long an Event or condition write waits while a burst of binds is in flight before it may go
+#: out (one at a time, `WRITES_WHILE_BINDING`): a burst shorter than this binds with no write beside it
+HOLD_FOR_BURST_S = 10.0
+#: a bind call of at least this many pods is a burst: it fills every request slot of a binding
+#: cycle (`KubeCluster`'s ``bind_workers``, whose value it takes there), so the API server, not
+#: the call, sets its pace
+BURST_PODS = 32
 #: after a process's last bind returns, how long its writers still count it as binding: a shard's
 #: binding cycles follow each other with a few milliseconds between them
 BIND_LINGER_S = 0.05
@@ -78,98 +85,137 @@ class BindsFirst:
     kube-scheduler writes its Events through a client of their own, with their own rate limit
     (``clientConnection.qps``, 50/s) and a bounded queue that drops when full, so in a burst its
     binds get the API server. shardsched writes every Event (nothing dropped while fewer than
-    10,000 wait) but, while this process has binds in flight (or had them within ``linger_s``),
-    or another process of the same scheduler says it has (``peers``), lets at most
-    ``while_binding`` Event or condition writes out at once. A pod waits on its bind, not on its
-    Event: on an API server that is already the limit (serve --bench) the Events would otherwise
-    take their share of it in the middle of the burst. They still make progress during a long
-    burst (``while_binding`` >= 1) and go out at full width once it ends.
+    10,000 wait) and orders the writes behind the binds, at three levels:
 
-    ``binding()`` wraps a bind call; ``writing()`` wraps one write (blocks while the gate is shut).
-    ``peers`` (set after construction, e.g. by a shard in Ray mode, where each shard binds from a
-    process of its own): a callable answering whether any shard of the scheduler has binds in
-    flight (`shardsched.store.ledger.Ledger.binding_count`), asked at most every ``PEER_POLL_S``
-    by a writer that would otherwise go out; when it raises (Redis away), the answer is "no": the
-    gate only orders the writes, it never holds them back on an error.
+    - no bind in flight in this process (none returned within ``linger_s``) and none in another
+      process of the scheduler (``peers``): writes go out side by side (the writers' width);
+    - binds in flight: at most ``while_binding`` writes at once;
+    - a burst in flight (a bind call of at least ``burst_pods`` pods, here or in a peer): each
+      write first waits up to ``hold_s`` seconds, then goes out ``while_binding`` at a time.
+
+    A pod waits on its bind, not on its Event. On an API server that a burst of binds already
+    keeps busy, an Event costs it more CPU than a bind (1.2-4x in sampled runs), so Events written
+    in the middle of the burst slow its binds down (docs/kubernetes.md, Benchmark). A burst shorter than ``hold_s`` therefore
+    binds with no write beside it; in a longer one the writes still make progress, and all go out
+    at full width once the binds end. Small bind calls (a steady trickle of pods) hold nothing
+    for longer than one write at a time, so their Events are not delayed.
+
+    ``binding(pods)`` wraps a bind call; ``writing()`` wraps one write (blocks while the gate is
+    shut). ``peers`` (set after construction, e.g. by a shard in Ray mode, where each shard binds
+    from a process of its own): a callable answering `IDLE`, `BINDING` or `BURST` for the other
+    processes (from `shardsched.store.ledger.Ledger.binding_marks`), asked at most every
+    ``PEER_POLL_S``; when it raises (Redis away), the answer is `IDLE`: the gate only orders the
+    writes, it never holds them back on an error.
+
+    Raises ``ValueError`` for ``while_binding`` < 1, a negative ``hold_s`` or ``burst_pods`` < 1.
     """
 
+    #: levels of `level` and of ``peers``' answer
+    IDLE, BINDING, BURST = 0, 1, 2
     #: seconds between two questions to ``peers`` (the answer is reused meanwhile)
     PEER_POLL_S = 0.05
 
-    def __init__(self, while_binding: int = WRITES_WHILE_BINDING, linger_s: float = BIND_LINGER_S) -> None:
+    def __init__(self, while_binding: int = WRITES_WHILE_BINDING, linger_s: float = BIND_LINGER_S,
+                 hold_s: float = HOLD_FOR_BURST_S, burst_pods: int = BURST_PODS) -> None:
         if while_binding < 1:
             raise ValueError("while_binding: at least 1, or the Events of a steady stream of binds never go out")
+        if hold_s < 0:
+            raise ValueError(f"hold_s: seconds, at least 0 (got {hold_s})")
+        if burst_pods < 1:
+            raise ValueError(f"burst_pods: at least 1 (got {burst_pods})")
         self.while_binding = while_binding
         self.linger_s = linger_s
-        self.peers: Callable[[], bool] | None = None
+        self.hold_s = hold_s
+        self.burst_pods = burst_pods
+        self.peers: Callable[[], int] | None = None
         self._cond = threading.Condition()
         self._binding = 0
+        self._bursts = 0
         self._writing = 0
         self._bind_ended = float("-inf")  # monotonic time the last bind call returned
+        self._burst_ended = float("-inf")  # ... the last burst call
         self._peer_lock = threading.Lock()
-        self._peer_busy = False
+        self._peer_level = self.IDLE
         self._peer_asked = float("-inf")
         self.waits = 0  # writes that had to wait for the binds (a figure for tests and /metrics)
 
     @contextmanager
-    def binding(self) -> Iterator[None]:
+    def binding(self, pods: int = 1) -> Iterator[None]:
+        """Wrap a bind call of ``pods`` pods (a burst from ``burst_pods`` on)."""
+        burst = pods >= self.burst_pods
         with self._cond:
             self._binding += 1
+            self._bursts += burst
         try:
             yield
         finally:
             with self._cond:
                 self._binding -= 1
+                self._bursts -= burst
                 self._bind_ended = time.monotonic()
+                if burst:
+                    self._burst_ended = self._bind_ended
                 self._cond.notify_all()
+
+    def level(self) -> int:
+        """This process's own level (the peers are not asked): `BURST` while a burst call is in
+        flight or the last ended less than ``linger_s`` ago, else `BINDING` likewise for any bind
+        call, else `IDLE`."""
+        with self._cond:
+            return self._level_locked(time.monotonic())
+
+    def _level_locked(self, now: float) -> int:
+        if self._bursts > 0 or now - self._burst_ended < self.linger_s:
+            return self.BURST
+        if self._binding > 0 or now - self._bind_ended < self.linger_s:
+            return self.BINDING
+        return self.IDLE
 
     def busy(self) -> bool:
         """Binds in flight in this process, or the last returned less than ``linger_s`` ago (the
         peers are not asked)."""
-        with self._cond:
-            return self._busy_locked()
+        return self.level() > self.IDLE
 
-    def _busy_locked(self) -> bool:
-        return self._binding > 0 or time.monotonic() - self._bind_ended < self.linger_s
-
-    def _peers_busy(self) -> bool:
+    def _peers_level(self) -> int:
         """``peers()``, asked at most every `PEER_POLL_S` (never under ``_cond``: a slow answer
         must not hold up a bind call entering `binding`)."""
         peers = self.peers
         if peers is None:
-            return False
+            return self.IDLE
         with self._peer_lock:
             now = time.monotonic()
             if now - self._peer_asked >= self.PEER_POLL_S:
                 try:
-                    self._peer_busy = bool(peers())
+                    self._peer_level = min(max(int(peers()), self.IDLE), self.BURST)
                 except Exception:  # noqa: BLE001 - an ordering hint, never a reason to hold writes
-                    self._peer_busy = False
+                    self._peer_level = self.IDLE
                 self._peer_asked = time.monotonic()
-            return self._peer_busy
+            return self._peer_level
 
     @contextmanager
     def writing(self) -> Iterator[None]:
         waited = False
+        entered = time.monotonic()
         while True:
             with self._cond:
-                if self._writing < self.while_binding:
-                    self.waits += waited
-                    self._writing += 1
-                    break
-                local = self._busy_locked()
-            peers = False if local else self._peers_busy()  # outside the lock (`_peers_busy`)
+                local = self._level_locked(time.monotonic())
+            # the peers are asked outside the lock (`_peers_level`), and only when they can matter
+            peers = self._peers_level() if local < self.BURST else self.IDLE
             with self._cond:
-                local = self._busy_locked()
-                if self._writing < self.while_binding or not (local or peers):
+                now = time.monotonic()
+                level = max(self._level_locked(now), peers)
+                hold_left = self.hold_s - (now - entered) if level == self.BURST else 0.0
+                if level == self.IDLE or (hold_left <= 0 and self._writing < self.while_binding):
                     self.waits += waited
                     self._writing += 1
                     break
                 waited = True
-                timeout = None
-                if local:
-                    left = self.linger_s - (time.monotonic() - self._bind_ended)
-                    timeout = left if self._binding == 0 and left > 0 else None
+                timeout = hold_left if hold_left > 0 else None
+                if self._binding == 0:  # only the linger keeps this process busy: wake when it ends
+                    ended = self._burst_ended if level == self.BURST else self._bind_ended
+                    left = self.linger_s - (now - ended)
+                    if left > 0:
+                        timeout = left if timeout is None else min(timeout, left)
                 if self.peers is not None:  # the peers' binds end without a notify here
                     timeout = self.PEER_POLL_S if timeout is None else min(timeout, self.PEER_POLL_S)
                 self._cond.wait(timeout)

@@ -67,11 +67,15 @@ class Remote:
 
 
 class RemoteBindTarget:
-    """`BindTarget` over a `Remote` cluster (a Ray actor of the simulated cluster)."""
+    """`BindTarget` over a `Remote` cluster: a Ray actor (the simulated cluster), or a backend
+    object living in this process (a shard actor's copy of the Kubernetes backend)."""
 
     def __init__(self, cluster: Remote, timeout_s: float = 30.0) -> None:
         self.cluster = cluster
         self.timeout_s = timeout_s
+        # a local backend's binds-first gate (`shardsched.kube.writers.BindsFirst`), so that the
+        # shard marks its binds for the writers of the other processes; an actor's stays its own
+        self.gate = None if cluster.is_actor else getattr(cluster.target, "gate", None)
 
     def bind_many(self, bindings):
         return self.cluster.ask("bind_many", bindings, timeout_s=self.timeout_s)

@@ -73,7 +73,10 @@ def yield_writes_to_binds(cluster: Any, ledger: Ledger) -> None:
     for a cluster without a gate (the simulated cluster) or whose gate already asks someone."""
     gate = getattr(cluster, "gate", None)
     if gate is not None and getattr(gate, "peers", False) is None:
-        gate.peers = lambda: ledger.binding_count() > 0
+        def peers() -> int:
+            binding, bursting = ledger.binding_marks()
+            return gate.BURST if bursting else gate.BINDING if binding else gate.IDLE
+        gate.peers = peers
 
 #: window of the recent scheduling latency in `Shard.snapshot` (what the autoscaler reads)
 RECENT_LATENCY_WINDOW_S = 10.0
@@ -188,9 +191,13 @@ class Shard:
         self._bind_errors_log = ThrottledLog(10.0)
         # bind calls in flight and when this shard last marked them in the ledger (writers of
         # every process yield to them: `yield_writes_to_binds`); only for a cluster with a gate
-        self._mark_binds = getattr(cluster, "gate", None) is not None
+        gate = getattr(cluster, "gate", None)
+        self._mark_binds = gate is not None
+        # a bind call of this many pods is a burst (`BindsFirst`): the writers hold back longer
+        self._burst_pods = getattr(gate, "burst_pods", 0) or 0
         self._binds_lock = threading.Lock()
         self._binds_in_flight = 0
+        self._bursts_in_flight = 0
         self._binds_marked = float("-inf")
         yield_writes_to_binds(cluster, ledger)
 
@@ -585,7 +592,8 @@ class Shard:
 
     def _bind_io(self, bindings: list[tuple]) -> tuple[list | None, str]:
         """The bind call; (results, "") or (None, why) when the call itself failed (no answer)."""
-        self._binds_started(1)
+        burst = self._mark_binds and len(bindings) >= self._burst_pods
+        self._binds_started(1, burst)
         try:
             return self.cluster.bind_many(bindings), ""
         except TemporaryError as e:
@@ -593,18 +601,20 @@ class Shard:
         except Exception as e:  # noqa: BLE001 - a broken connection to the cluster must not lose pods
             return None, f"{type(e).__name__}: {e}"
         finally:
-            self._binds_started(-1)
+            self._binds_started(-1, burst)
 
-    def _binds_started(self, delta: int) -> None:
-        """Count a bind call starting (+1) or ending (-1) and keep this shard's mark in the ledger:
-        set when a call starts, removed when the last one ends. A Redis error only costs the
-        ordering of the writes (logged at debug level)."""
+    def _binds_started(self, delta: int, burst: bool = False) -> None:
+        """Count a bind call starting (+1) or ending (-1), a burst or not, and keep this shard's
+        mark in the ledger: set when a call starts, set again without the burst when the last
+        burst call ends, removed when the last call ends. A Redis error only costs the ordering
+        of the writes (logged at debug level)."""
         if not self._mark_binds:
             return
         with self._binds_lock:
             self._binds_in_flight += delta
+            self._bursts_in_flight += delta if burst else 0
             ttl = BINDING_MARK_TTL_MS if self._binds_in_flight > 0 else 0
-            if delta > 0 or ttl == 0:
+            if delta > 0 or ttl == 0 or (burst and self._bursts_in_flight == 0):
                 self._mark_binding(ttl)
 
     def _renew_binding_mark(self) -> None:
@@ -617,7 +627,7 @@ class Shard:
 
     def _mark_binding(self, ttl_ms: int) -> None:
         try:
-            self.ledger.mark_binding(self.member, ttl_ms)
+            self.ledger.mark_binding(self.member, ttl_ms, burst=self._bursts_in_flight > 0)
             self._binds_marked = time.monotonic() if ttl_ms else float("-inf")
         except Exception as e:  # noqa: BLE001 - see _binds_started
             log.debug("shard %s: binds-in-flight mark not written: %s", self.member, e)

@@ -31,6 +31,9 @@ key                        type    content
 ``P binding``              zset    shard id scored by the expiry (server ms) of its "binds in
                                    flight" mark (`mark_binding`), which the Event and condition
                                    writers of every process yield to
+``P bursting``             zset    the same, for the shards whose binds in flight include a burst
+                                   (a bind call that fills its request slots): the writers hold
+                                   back longer (`shardsched.kube.writers.BindsFirst`)
 =========================  ======  ===============================================================
 
 Requests travel and are stored as a JSON flat list ``["pods",1,"cpu",500,...]`` in the order
@@ -595,19 +598,27 @@ class Ledger:
         return usage
 
     @_translate_errors
-    def mark_binding(self, shard: str, ttl_ms: int) -> None:
-        """Mark ``shard`` as having binds in flight for ``ttl_ms`` ms (server time) from now, or
-        remove its mark with ``ttl_ms`` 0. The marks let the Event and condition writers of every
-        process of one scheduler yield to the binds of all (`shardsched.kube.writers.BindsFirst`),
-        not only to those of their own process. Raises: ``ValueError`` for a negative TTL."""
+    def mark_binding(self, shard: str, ttl_ms: int, burst: bool = False) -> None:
+        """Mark ``shard`` as having binds in flight for ``ttl_ms`` ms (server time) from now, a
+        burst among them with ``burst`` (a bind call that fills its request slots), or remove its
+        marks with ``ttl_ms`` 0. The marks let the Event and condition writers of every process of
+        one scheduler yield to the binds of all (`shardsched.kube.writers.BindsFirst`), not only
+        to those of their own process. Raises: ``ValueError`` for a negative TTL."""
         if ttl_ms < 0:
             raise ValueError(f"ttl_ms must be >= 0, got {ttl_ms}")
-        self._scripts["binding_mark"](keys=[f"{self.prefix}binding"], args=[shard, int(ttl_ms)])
+        self._scripts["binding_mark"](keys=[f"{self.prefix}binding", f"{self.prefix}bursting"],
+                                      args=[shard, int(ttl_ms), int(bool(burst))])
 
     @_translate_errors
+    def binding_marks(self) -> tuple[int, int]:
+        """(shards with a live `mark_binding` mark, those of them marked as a burst); expired
+        marks are removed."""
+        binding, bursting = self._scripts["binding_any"](keys=[f"{self.prefix}binding", f"{self.prefix}bursting"])
+        return int(binding), int(bursting)
+
     def binding_count(self) -> int:
-        """How many shards have a live `mark_binding` mark (expired marks are removed)."""
-        return int(self._scripts["binding_any"](keys=[f"{self.prefix}binding"]))
+        """How many shards have a live `mark_binding` mark (`binding_marks`' first figure)."""
+        return self.binding_marks()[0]
 
     @_translate_errors
     def flush(self) -> int:
