@@ -366,6 +366,118 @@ def test_events_and_conditions_wait_out_a_burst_of_binds():
         BindsFirst(burst_pods=0)
 
 
+def test_a_long_burst_holds_its_writes_once_not_once_per_write():
+    """The hold runs from the burst's start: in a burst longer than ``hold_s`` the writes queued
+    meanwhile wait until then, and after it go out one at a time without each waiting ``hold_s``
+    again (with a hold per write, two workers wrote 10 of 100 in a 3-s burst)."""
+    import threading
+    import time
+
+    from shardsched.kube.writers import BindsFirst, WorkQueue
+
+    gate = BindsFirst(while_binding=1, linger_s=0.02, hold_s=0.5, burst_pods=10)
+    done: list[float] = []
+    lock = threading.Lock()
+
+    def write(item) -> None:
+        with lock:
+            done.append(time.monotonic())
+
+    queue = WorkQueue("test", write, workers=2, gate=gate)
+    try:
+        with gate.binding(10):
+            started = time.monotonic()
+            for i in range(100):
+                queue.put(i, i)
+            time.sleep(0.4)
+            assert done == [], "nothing written in the burst's first hold_s"
+            time.sleep(1.6)  # 2 s into the burst
+            with lock:
+                written = list(done)
+        assert len(written) == 100 and min(written) - started >= 0.49, (len(written), min(written or [0]) - started)
+    finally:
+        queue.stop()
+
+
+def test_a_write_held_by_a_burst_goes_out_when_the_burst_ends_though_a_small_call_still_runs():
+    """After the burst's last call (and its linger) the level drops to BINDING even while a
+    small bind call still runs; a write that waited for the burst then goes out at once (one at a
+    time), not when the small call or its own hold ends."""
+    import threading
+    import time
+
+    from shardsched.kube.writers import BindsFirst
+
+    gate = BindsFirst(while_binding=1, linger_s=0.05, hold_s=3.0, burst_pods=10)
+    small_may_end, went = threading.Event(), []
+
+    def small() -> None:
+        with gate.binding(1):
+            small_may_end.wait(5)
+
+    def write() -> None:
+        with gate.writing():
+            went.append(time.monotonic())
+
+    small_call = threading.Thread(target=small)
+    small_call.start()
+    writer = threading.Thread(target=write)
+    try:
+        with gate.binding(10):
+            writer.start()
+            time.sleep(0.1)
+            assert went == []
+        ended = time.monotonic()
+        writer.join(1.0)
+        assert went and went[0] - ended < 0.5, "the write waited past the burst's end"
+        assert gate.level() == gate.BINDING
+    finally:
+        small_may_end.set()
+        small_call.join(5)
+        writer.join(5)
+
+
+def test_a_write_asks_the_peers_when_its_own_burst_ends_between_two_looks(monkeypatch):
+    """A write sees its own process at BURST (the linger of a burst just ended), so it does not
+    ask the peers; by its second look the linger is over. It must then ask the peers (another
+    shard still bursts) rather than go out at full width on its own process's IDLE."""
+    import threading
+    import time
+    import types
+
+    from shardsched.kube import writers
+    from shardsched.kube.writers import BindsFirst
+
+    real = time.monotonic
+    looks = iter([100.04, 100.06])  # first look: 40 ms after the burst ended; second: 60 ms
+    t0 = real()
+    clock = types.SimpleNamespace(monotonic=lambda: next(looks, None) or 200.0 + (real() - t0),
+                                  time=time.time, sleep=time.sleep)
+    monkeypatch.setattr(writers, "time", clock)
+    gate = BindsFirst(linger_s=0.05, hold_s=10.0, burst_pods=10)
+    gate._burst_ended = gate._bind_ended = 100.0  # this process's burst just ended
+    answers = {"level": gate.BURST, "asked": 0}
+
+    def peers() -> int:
+        answers["asked"] += 1
+        return answers["level"]
+
+    gate.peers = peers
+    went = []
+
+    def write() -> None:
+        with gate.writing():
+            went.append(1)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.3)
+    assert answers["asked"] >= 1 and went == [], "held for the peer's burst, not written at full width"
+    answers["level"] = gate.IDLE
+    writer.join(2)
+    assert went == [1], "written once the peers stopped"
+
+
 def test_events_and_conditions_yield_to_the_binds_of_other_processes():
     """With ``peers`` (other shards' binds, read from the ledger), writes go out one at a time
     while the peers bind, though this process binds nothing, and side by side once they stop; a

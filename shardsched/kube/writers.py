@@ -51,13 +51,15 @@ EVENT_WRITERS = 8
 
 #: Event and condition writes in flight at once while the same process binds (`BindsFirst`)
 WRITES_WHILE_BINDING = 1
-#: how long an Event or condition write waits while a burst of binds is in flight before it may go
-#: out (one at a time, `WRITES_WHILE_BINDING`): a burst shorter than this binds with no write beside it
+#: for how long from a burst's start no Event or condition write goes out (then one at a time,
+#: `WRITES_WHILE_BINDING`): a burst shorter than this binds with no write beside it
 HOLD_FOR_BURST_S = 10.0
 #: a bind call of at least this many pods is a burst: it fills every request slot of a binding
 #: cycle (`KubeCluster`'s ``bind_workers``, whose value it takes there), so the API server, not
 #: the call, sets its pace
 BURST_PODS = 32
+#: a peer still bursting when `BindsFirst` has not asked for this long counts as a new burst
+PEER_BURST_GAP_S = 1.0
 #: after a process's last bind returns, how long its writers still count it as binding: a shard's
 #: binding cycles follow each other with a few milliseconds between them
 BIND_LINGER_S = 0.05
@@ -90,8 +92,11 @@ class BindsFirst:
     - no bind in flight in this process (none returned within ``linger_s``) and none in another
       process of the scheduler (``peers``): writes go out side by side (the writers' width);
     - binds in flight: at most ``while_binding`` writes at once;
-    - a burst in flight (a bind call of at least ``burst_pods`` pods, here or in a peer): each
-      write first waits up to ``hold_s`` seconds, then goes out ``while_binding`` at a time.
+    - a burst in flight (a bind call of at least ``burst_pods`` pods, here or in a peer): no
+      write goes out during the burst's first ``hold_s`` seconds, then ``while_binding`` at a
+      time. A burst here starts with its first call (calls less than ``linger_s`` apart are one
+      burst); a peer's, when this gate first hears of it (a peer still bursting when the gate
+      has not asked for a second starts a new one).
 
     A pod waits on its bind, not on its Event. On an API server that a burst of binds already
     keeps busy, an Event costs it more CPU than a bind (1.2-4x in sampled runs), so Events written
@@ -134,9 +139,11 @@ class BindsFirst:
         self._writing = 0
         self._bind_ended = float("-inf")  # monotonic time the last bind call returned
         self._burst_ended = float("-inf")  # ... the last burst call
+        self._burst_since = float("-inf")  # monotonic time this process's burst began
         self._peer_lock = threading.Lock()
         self._peer_level = self.IDLE
         self._peer_asked = float("-inf")
+        self._peer_burst_since = float("-inf")  # when the peers' burst was first heard of
         self.waits = 0  # writes that had to wait for the binds (a figure for tests and /metrics)
 
     @contextmanager
@@ -145,7 +152,11 @@ class BindsFirst:
         burst = pods >= self.burst_pods
         with self._cond:
             self._binding += 1
-            self._bursts += burst
+            if burst:
+                now = time.monotonic()
+                if self._bursts == 0 and now - self._burst_ended >= self.linger_s:
+                    self._burst_since = now  # a new burst, not the next call of the same one
+                self._bursts += 1
         try:
             yield
         finally:
@@ -185,40 +196,52 @@ class BindsFirst:
         with self._peer_lock:
             now = time.monotonic()
             if now - self._peer_asked >= self.PEER_POLL_S:
+                before, stale = self._peer_level, now - self._peer_asked > PEER_BURST_GAP_S
                 try:
                     self._peer_level = min(max(int(peers()), self.IDLE), self.BURST)
                 except Exception:  # noqa: BLE001 - an ordering hint, never a reason to hold writes
                     self._peer_level = self.IDLE
                 self._peer_asked = time.monotonic()
+                if self._peer_level == self.BURST and (before != self.BURST or stale):
+                    self._peer_burst_since = self._peer_asked
             return self._peer_level
 
     @contextmanager
     def writing(self) -> Iterator[None]:
         waited = False
-        entered = time.monotonic()
         while True:
             with self._cond:
                 local = self._level_locked(time.monotonic())
             # the peers are asked outside the lock (`_peers_level`), and only when they can matter
-            peers = self._peers_level() if local < self.BURST else self.IDLE
+            peers = self._peers_level() if local < self.BURST else None
             with self._cond:
                 now = time.monotonic()
-                level = max(self._level_locked(now), peers)
-                hold_left = self.hold_s - (now - entered) if level == self.BURST else 0.0
+                local = self._level_locked(now)
+                if peers is None and local < self.BURST:
+                    continue  # this process's burst ended meanwhile: ask the peers first
+                level = max(local, peers or self.IDLE)
+                hold_left = 0.0
+                if level == self.BURST:  # the hold runs from the burst's start, not this write's
+                    since = min(self._burst_since if local == self.BURST else now,
+                                self._peer_burst_since if peers == self.BURST else now)
+                    hold_left = self.hold_s - (now - since)
                 if level == self.IDLE or (hold_left <= 0 and self._writing < self.while_binding):
                     self.waits += waited
                     self._writing += 1
                     break
                 waited = True
                 timeout = hold_left if hold_left > 0 else None
-                if self._binding == 0:  # only the linger keeps this process busy: wake when it ends
-                    ended = self._burst_ended if level == self.BURST else self._bind_ended
-                    left = self.linger_s - (now - ended)
-                    if left > 0:
-                        timeout = left if timeout is None else min(timeout, left)
+                # when this process's level drops by itself (its linger ends), nothing notifies
+                ends = None
+                if self._bursts == 0 and now - self._burst_ended < self.linger_s:
+                    ends = self._burst_ended + self.linger_s
+                elif self._binding == 0 and now - self._bind_ended < self.linger_s:
+                    ends = self._bind_ended + self.linger_s
+                if ends is not None:
+                    timeout = ends - now if timeout is None else min(timeout, ends - now)
                 if self.peers is not None:  # the peers' binds end without a notify here
                     timeout = self.PEER_POLL_S if timeout is None else min(timeout, self.PEER_POLL_S)
-                self._cond.wait(timeout)
+                self._cond.wait(max(timeout, 0.001) if timeout is not None else None)
         try:
             yield
         finally:

@@ -194,7 +194,7 @@ class Shard:
         gate = getattr(cluster, "gate", None)
         self._mark_binds = gate is not None
         # a bind call of this many pods is a burst (`BindsFirst`): the writers hold back longer
-        self._burst_pods = getattr(gate, "burst_pods", 0) or 0
+        self._burst_pods = getattr(gate, "burst_pods", None) or float("inf")  # no size: never a burst
         self._binds_lock = threading.Lock()
         self._binds_in_flight = 0
         self._bursts_in_flight = 0
