@@ -30,16 +30,17 @@ profiles:
 class World:
     """A coordinator and its shards, all plain objects; shards are stepped by `settle`."""
 
-    def __init__(self, ledger, n_nodes: int = 4, shards: int = 2) -> None:
+    def __init__(self, ledger, n_nodes: int = 4, shards: int = 2, config=CONFIG) -> None:
+        self.config = config
         self.cluster = SimCluster(seed=0)
         self.cluster.create_nodes(uniform_nodes(n_nodes, cpu="4"))
         self.shards: dict[int, Shard] = {}
-        self.coordinator = Coordinator(CONFIG, ledger, Remote(self.cluster), self._new_shard, shards)
+        self.coordinator = Coordinator(config, ledger, Remote(self.cluster), self._new_shard, shards)
         self.ledger = ledger
         self.coordinator.start()
 
     def _new_shard(self, index: int, member: str) -> Remote:
-        shard = Shard(index, member, CONFIG, self.ledger, self.cluster, self.coordinator, ShardOptions(seed=0))
+        shard = Shard(index, member, self.config, self.ledger, self.cluster, self.coordinator, ShardOptions(seed=0))
         self.shards[index] = shard
         return Remote(shard)
 
@@ -345,3 +346,72 @@ def test_pods_created_one_at_a_time_spread_over_every_shards_nodes(ledger):
     for p in world.cluster.list_pods()[0]:
         per_node[p["spec"]["nodeName"]] += 1
     assert sorted(per_node.values()) == [2] * 6, per_node
+
+
+PACKING = load_config("""\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 0.01
+podMaxBackoffSeconds: 0.05
+profiles:
+- schedulerName: shardsched
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+""")
+
+
+def _pods_per_node(world: World) -> list[int]:
+    per_node = {name: 0 for name in world.coordinator.owners}
+    for p in world.cluster.list_pods()[0]:
+        per_node[p["spec"]["nodeName"]] += 1
+    return sorted(per_node.values())
+
+
+@pytest.mark.parametrize("arrival", ["one at a time", "burst"])
+def test_a_packing_profile_fills_nodes_across_shards_in_kube_schedulers_order(ledger, arrival):
+    """With MostAllocated, kube-scheduler fills the fullest node with room first, over the whole
+    cluster. Routing by free room (the spreading rule) split the pods over both shards, and each
+    shard packed its own half: 12 one-cpu pods on six 4-cpu nodes ended as 4, 4, 2, 2 (a burst)
+    or 4, 4, 3, 1 (one at a time) instead of three full nodes. The coordinator now routes such a profile's pods to
+    the shard holding the fullest node with room, for a burst as for pods arriving one at a time."""
+    world = World(ledger, n_nodes=6, shards=2, config=PACKING)
+    assert set(world.coordinator.owners.values()) == {0, 1}
+    if arrival == "burst":
+        world.create(12, prefix="pack-")
+        world.coordinator.poll_watch()
+        world.settle()
+    else:
+        for i in range(12):
+            world.create(1, prefix=f"pack-{i}-")
+            world.coordinator.poll_watch()
+            world.settle()
+    assert _pods_per_node(world) == [0, 0, 0, 4, 4, 4]
+
+
+def test_which_profiles_pack():
+    """`_packs`: MostAllocated, and RequestedToCapacityRatio whose shape rises with utilization
+    (kube's bin-packing example); not the default LeastAllocated nor a falling shape."""
+    from shardsched.sharding.coordinator import _packs
+    from shardsched.scheduler.whatif import build_schedulers
+    from shardsched.cache.node_table import NodeTable
+
+    def packs(args: str) -> bool:
+        config = load_config("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+                             "profiles:\n- schedulerName: p\n" + args)
+        return _packs(build_schedulers(config, NodeTable(), seed=0)["p"])
+
+    rtcr = ("  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n"
+            "        type: RequestedToCapacityRatio\n        requestedToCapacityRatio:\n          shape:\n"
+            "          - {utilization: 0, score: %d}\n          - {utilization: 100, score: %d}\n")
+    assert not packs("")
+    assert packs(PACKING_ARGS)
+    assert packs(rtcr % (0, 10))
+    assert not packs(rtcr % (10, 0))
+    assert not packs(PACKING_ARGS + "  plugins:\n    score:\n      disabled:\n      - name: NodeResourcesFit\n")
+
+
+PACKING_ARGS = ("  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n"
+                "        type: MostAllocated\n")

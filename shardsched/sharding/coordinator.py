@@ -8,7 +8,10 @@ It consumes the cluster's watch (list, then events from the list's resourceVersi
 - pending pods whose ``schedulerName`` is one of the profiles are routed to a shard owning nodes
   where they fit (label- and capacity-aware, from the coordinator's own NodeTable of the whole
   cluster): to the shard whose emptiest nodes stay emptiest once the pods already routed to it
-  are placed (`_Room`), so that pods spread over all nodes as LeastAllocated spreads them;
+  are placed (`_Room`), so that pods spread over all nodes as LeastAllocated spreads them; for a
+  profile that packs (NodeResourcesFit's MostAllocated, or a RequestedToCapacityRatio shape that
+  rises with utilization), to the shard whose fullest node with room is fullest, so that pods
+  fill nodes in the order kube-scheduler would fill them over the whole cluster;
 - pods bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the
   shard that owns their node; deleted or terminal pods are forgotten.
 
@@ -47,6 +50,7 @@ from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import InvalidObjectError, TemporaryError
 from shardsched.metrics import ShardMetrics
+from shardsched.plugins.noderesources.fit import MOST_ALLOCATED, REQUESTED_TO_CAPACITY_RATIO, NodeResourcesFit
 from shardsched.scheduler.algorithm import GenericScheduler, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
 from shardsched.queue import QueuedPodInfo
@@ -110,20 +114,33 @@ class _Room:
     """Where a pod (one signature) fits in each shard, for routing: the free shares (LeastAllocated's
     0..1) of the shard's nodes where it fits, and what one such pod takes of a node (``cost``).
 
-    ``level(shard, routed)`` is the free share of that shard's emptiest nodes once ``routed`` pods
-    like this one are placed on them the way LeastAllocated places pods, each onto the emptiest
-    node (water filling: the top nodes are brought down to a common level, and the pods' total
-    cost, ``routed * cost``, is the volume taken off them). With nothing routed it is the shard's
-    emptiest node. O(log nodes) per call after O(nodes log nodes) set-up.
+    ``level(shard, routed)`` ranks the shards for the next pod, once ``routed`` pods like this
+    one are placed on the shard's nodes the way the profile's scoring places them; the coordinator
+    routes to the highest. Spreading (LeastAllocated, the default): the free share of the shard's
+    emptiest nodes, each pod going onto the emptiest node (water filling: the top nodes are
+    brought down to a common level, and the pods' total cost, ``routed * cost``, is the volume
+    taken off them); with nothing routed, the shard's emptiest node. Packing (``holds`` given,
+    per shard how many such pods each of its nodes where the pod fits has room for, from the
+    pod's requests: MostAllocated): minus the free share of the fullest node that still has room,
+    each pod going onto the fullest node where it fits; below -1 once the shard's nodes are
+    full. Routing pod by pod
+    to the highest level then follows the cluster-wide order in which kube-scheduler's scoring
+    would place them. O(log nodes) per call after O(nodes log nodes) set-up.
     """
 
-    def __init__(self, shares: list[np.ndarray], cost: float) -> None:
+    def __init__(self, shares: list[np.ndarray], cost: float, holds: list[np.ndarray] | None = None) -> None:
         self.cost = cost
+        self.packing = holds is not None
         self.fits = np.array([len(f) for f in shares], np.int64)
         self._desc: list[np.ndarray] = []
         self._sums: list[np.ndarray] = []
         self._needs: list[np.ndarray] = []
-        for f in shares:
+        for i, f in enumerate(shares):
+            if holds is not None:  # fullest first, with the running sum of the pods they hold
+                order = np.argsort(f, kind="stable")
+                self._desc.append(f[order])
+                self._sums.append(np.cumsum(holds[i][order]))
+                continue
             d = np.sort(f)[::-1]
             sums = np.cumsum(d)
             self._desc.append(d)
@@ -132,15 +149,37 @@ class _Room:
             self._needs.append(sums - np.arange(1, len(d) + 1) * d)
 
     def level(self, shard: int, routed: int) -> float:
-        """Free share of the shard's emptiest nodes after ``routed`` pods; -inf when it fits nowhere."""
+        """The shard's rank for the next pod after ``routed`` pods (class docstring); -inf when it
+        fits nowhere."""
         d = self._desc[shard]
         if not len(d):
             return -np.inf
+        if self.packing:
+            holds = self._sums[shard]
+            j = int(np.searchsorted(holds, routed, side="right"))
+            if j >= len(d):  # every node estimated full: the least overfull shard ranks first
+                return -1.0 - (routed - float(holds[-1]) + 1) * self.cost
+            placed = routed - (float(holds[j - 1]) if j else 0.0)  # already on node j
+            return -float(d[j] - placed * self.cost)
         volume = routed * self.cost
         if volume <= 0:
             return float(d[0])
         k = max(1, int(np.searchsorted(self._needs[shard], volume, side="right")))
         return float((self._sums[shard][k - 1] - volume) / k)
+
+
+def _packs(sched: GenericScheduler) -> bool:
+    """Whether the profile's NodeResourcesFit scoring packs pods (prefers fuller nodes):
+    MostAllocated, or RequestedToCapacityRatio with a shape whose score rises from no utilization
+    to full (kube's bin-packing example). False without that Score plugin."""
+    for weighted in sched.framework.score_plugins:
+        plugin = weighted.plugin
+        if isinstance(plugin, NodeResourcesFit) and weighted.weight > 0:
+            if plugin.strategy == MOST_ALLOCATED:
+                return True
+            if plugin.strategy == REQUESTED_TO_CAPACITY_RATIO and plugin.shape:
+                return plugin.shape[-1][1] > plugin.shape[0][1]
+    return False
 
 
 class Coordinator:
@@ -172,6 +211,7 @@ class Coordinator:
         self.table = NodeTable()
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, seed=0)
         self.default = next(iter(self.schedulers.values()))
+        self._packing: dict[str, bool] = {}  # per scheduler name: does its scoring pack (`_packs`)
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
         self.owner_slots = np.zeros(0, np.int32)
@@ -541,6 +581,9 @@ class Coordinator:
         """(room, static): `_Room`, where the pod fits now in each shard and how free those nodes
         are; ``static``, per shard, its nodes passing the pod's static filters."""
         sched = self.schedulers.get(pod.scheduler_name, self.default)
+        packing = self._packing.get(pod.scheduler_name)
+        if packing is None:
+            packing = self._packing[pod.scheduler_name] = _packs(sched)
         static_ok, feasible = sched.feasible_mask(pod)
         n = len(feasible)
         owner = self.owner_slots[:n]
@@ -557,7 +600,16 @@ class Coordinator:
         request = np.array([pod.nonzero_cpu_milli, pod.nonzero_memory_bytes], np.float64)
         size = alloc[:, fit].mean(axis=1) if fit.any() else np.zeros(2)
         cost = float(np.divide(request, size, out=np.zeros(2), where=size > 0).mean())
-        room = _Room([share[fit & (owner == s)] for s in range(k)], cost)
+        holds = None
+        if packing:  # how many such pods each node has room for (at least the one that fits now)
+            room_for = np.full(n, np.iinfo(np.int64).max, np.int64)
+            for name, value in pod.requests.items():
+                row = t.res_index.get(name)
+                if value > 0 and row is not None:
+                    room_for = np.minimum(room_for, (t.alloc[row, :n] - t.requested[row, :n]) // value)
+            room_for = np.maximum(room_for, 1)
+            holds = [room_for[fit & (owner == s)] for s in range(k)]
+        room = _Room([share[fit & (owner == s)] for s in range(k)], cost, holds)
         static = np.bincount(owner[static_ok & (owner >= 0)], minlength=k)[:k]
         return room, static
 
@@ -572,7 +624,8 @@ class Coordinator:
         # the shard whose emptiest nodes stay emptiest once the pods already routed to it are placed
         # (`_Room.level`): a burst spreads in proportion to the shards' free room, and pods arriving
         # one at a time go to the shard holding the emptiest node, so that they spread over all
-        # nodes as kube-scheduler's LeastAllocated spreads them over its nodes
+        # nodes as kube-scheduler's LeastAllocated spreads them over its nodes; for a packing
+        # profile, the shard holding the fullest node with room, as MostAllocated fills nodes
         levels = np.array([room.level(s, int(self.routed[s])) if ok[s] else -np.inf for s in range(len(ok))])
         return int(np.argmax(levels))
 
