@@ -17,14 +17,15 @@ from shardsched.sharding.remote import Remote, RemoteUnavailable
 from shardsched.sharding.shard import Shard, ShardOptions
 from shardsched.sim import SimCluster, uniform_nodes, uniform_pods
 
-CONFIG = load_config("""\
+CONFIG_TEXT = """\
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 podInitialBackoffSeconds: 0.01
 podMaxBackoffSeconds: 0.05
 profiles:
 - schedulerName: shardsched
-""")
+"""
+CONFIG = load_config(CONFIG_TEXT)
 
 
 class World:
@@ -348,19 +349,10 @@ def test_pods_created_one_at_a_time_spread_over_every_shards_nodes(ledger):
     assert sorted(per_node.values()) == [2] * 6, per_node
 
 
-PACKING = load_config("""\
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-podInitialBackoffSeconds: 0.01
-podMaxBackoffSeconds: 0.05
-profiles:
-- schedulerName: shardsched
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      scoringStrategy:
-        type: MostAllocated
-""")
+#: NodeResourcesFit packing (MostAllocated), as pluginConfig of a profile
+PACKING_ARGS = ("  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n"
+                "        type: MostAllocated\n")
+PACKING = load_config(CONFIG_TEXT + PACKING_ARGS)
 
 
 def _pods_per_node(world: World) -> list[int]:
@@ -411,7 +403,3 @@ def test_which_profiles_pack():
     assert packs(rtcr % (0, 10))
     assert not packs(rtcr % (10, 0))
     assert not packs(PACKING_ARGS + "  plugins:\n    score:\n      disabled:\n      - name: NodeResourcesFit\n")
-
-
-PACKING_ARGS = ("  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n"
-                "        type: MostAllocated\n")
