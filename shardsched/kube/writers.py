@@ -146,10 +146,14 @@ class BindsFirst:
         self._peer_burst_since = float("-inf")  # when the peers' burst was first heard of
         self.waits = 0  # writes that had to wait for the binds (a figure for tests and /metrics)
 
+    def is_burst(self, pods: int) -> bool:
+        """Whether a bind call of ``pods`` pods is a burst (``burst_pods`` or more)."""
+        return pods >= self.burst_pods
+
     @contextmanager
     def binding(self, pods: int = 1) -> Iterator[None]:
-        """Wrap a bind call of ``pods`` pods (a burst from ``burst_pods`` on)."""
-        burst = pods >= self.burst_pods
+        """Wrap a bind call of ``pods`` pods (a burst: `is_burst`)."""
+        burst = self.is_burst(pods)
         with self._cond:
             self._binding += 1
             if burst:

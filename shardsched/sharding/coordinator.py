@@ -211,7 +211,6 @@ class Coordinator:
         self.table = NodeTable()
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, seed=0)
         self.default = next(iter(self.schedulers.values()))
-        self._packing: dict[str, bool] = {}  # per scheduler name: does its scoring pack (`_packs`)
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
         self.owner_slots = np.zeros(0, np.int32)
@@ -581,9 +580,7 @@ class Coordinator:
         """(room, static): `_Room`, where the pod fits now in each shard and how free those nodes
         are; ``static``, per shard, its nodes passing the pod's static filters."""
         sched = self.schedulers.get(pod.scheduler_name, self.default)
-        packing = self._packing.get(pod.scheduler_name)
-        if packing is None:
-            packing = self._packing[pod.scheduler_name] = _packs(sched)
+        packing = _packs(sched)  # a look at the profile's few Score plugins, once per signature
         static_ok, feasible = sched.feasible_mask(pod)
         n = len(feasible)
         owner = self.owner_slots[:n]

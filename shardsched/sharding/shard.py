@@ -191,10 +191,9 @@ class Shard:
         self._bind_errors_log = ThrottledLog(10.0)
         # bind calls in flight and when this shard last marked them in the ledger (writers of
         # every process yield to them: `yield_writes_to_binds`); only for a cluster with a gate
-        gate = getattr(cluster, "gate", None)
-        self._mark_binds = gate is not None
-        # a bind call of this many pods is a burst (`BindsFirst`): the writers hold back longer
-        self._burst_pods = getattr(gate, "burst_pods", None) or float("inf")  # no size: never a burst
+        # (a gate also says which bind calls are bursts, for which the writers hold back longer)
+        self._gate = getattr(cluster, "gate", None)
+        self._mark_binds = self._gate is not None
         self._binds_lock = threading.Lock()
         self._binds_in_flight = 0
         self._bursts_in_flight = 0
@@ -592,7 +591,7 @@ class Shard:
 
     def _bind_io(self, bindings: list[tuple]) -> tuple[list | None, str]:
         """The bind call; (results, "") or (None, why) when the call itself failed (no answer)."""
-        burst = self._mark_binds and len(bindings) >= self._burst_pods
+        burst = self._mark_binds and self._gate.is_burst(len(bindings))
         self._binds_started(1, burst)
         try:
             return self.cluster.bind_many(bindings), ""
