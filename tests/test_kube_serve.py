@@ -293,12 +293,13 @@ def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_ser
     assert lease["spec"]["leaseTransitions"] == 1, "created (0), released, taken over by the standby (1)"
 
 
-def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int) -> tuple[dict, str]:
-    """``serve --bench`` as a user runs it; returns its JSON report and its log (stderr)."""
+def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int, *extra: str) -> tuple[dict, str]:
+    """``serve --bench`` as a user runs it (``extra``: more arguments); returns its JSON report and
+    its log (stderr)."""
     proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
                            "--mode", "threads", "--redis-url", redis_url, "--no-leader-elect", "--kube-api-qps", "0",
                            "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", str(pods), "--bench-nodes", str(nodes),
-                           "--bench-timeout", "120", "-o", "json"], capture_output=True, text=True, timeout=300)
+                           "--bench-timeout", "120", "-o", "json", *extra], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.stderr
 
@@ -409,6 +410,60 @@ def test_serve_bench_reports_both_rates_and_cleans_up(api_server, kubeconfig, re
     assert api_server.events_for("default", "a-real-pending-pod") == []
 
 
+def test_serve_bench_null_run_binds_the_backlog_with_the_baselines_client(api_server, kubeconfig, tmp_path):
+    """``--bench-null``: the same bench with the baseline's client in shardsched's window and no
+    scheduler at all (it needs no Redis: an unreachable --redis-url is never used), so that its
+    ratio shows how far the cluster's own rate scatters between phases."""
+    before = len(api_server.sim.list_nodes()[0])
+    bound_by: list[tuple[str, str]] = []
+    real_bind = api_server.sim.bind_many
+    scheduled: list[str] = []
+    real_record = api_server.sim.record_event
+
+    def recording(bindings):
+        bound_by.extend((b[1], b[2]) for b in bindings)
+        return real_bind(bindings)
+
+    def record_event(ref, type_, reason, message):
+        scheduled.append(ref.get("name"))
+        return real_record(ref, type_, reason, message)
+
+    api_server.sim.bind_many, api_server.sim.record_event = recording, record_event
+    base = [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode", "threads",
+            "--redis-url", "redis://127.0.0.1:1/0", "--no-leader-elect", "--kube-api-qps", "0", "--bench", "80",
+            "--bench-nodes", "3", "--bench-null"]
+    try:
+        proc = subprocess.run(base + ["-o", "json"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads(proc.stdout)
+        window = [(n, t) for n, t in bound_by if n.startswith("bench-") and not n.startswith("bench-api-")]
+        table = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    finally:
+        api_server.sim.bind_many, api_server.sim.record_event = real_bind, real_record
+    assert report["null"] is True and report["errors"] == []
+    assert report["pods"] == report["bound"] == 80 and report["pods_per_s"] > 0
+    assert [b["phase"] for b in report["api_baselines"]] == ["before", "after"]
+    assert report["ratio"] == pytest.approx(report["pods_per_s"] / report["api_binds_per_s"], rel=0.01)
+    # the measured window's 80 pods were bound by the bench's own client, round-robin over its 3 nodes,
+    # and nothing wrote a Scheduled Event (no scheduler ran)
+    assert len(window) == 80 and len({t for _, t in window}) == 3
+    assert scheduled == [] and report["events_lag_s"] is None
+    assert "null run: the baseline's client binds the backlog" in proc.stderr
+    assert "scheduling pods of" not in proc.stderr
+    # the table names what ran, and gives no verdict on a scheduler
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert re.search(r"null run \(the baseline's client in shardsched's place\): 80/80 pending pods bound", table.stdout)
+    assert re.search(r"ratio null run / API server: [\d.]+ \(no scheduler ran", table.stdout), table.stdout
+    assert "target" not in table.stdout and "diagnosis" not in table.stdout
+    # nothing of either run is left
+    assert len(api_server.sim.list_nodes()[0]) == before
+    assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
+    # a null run is a kind of bench run
+    alone = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
+                            "--bench-null"], capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 2 and "--bench-null is a kind of bench run: give --bench N too" in alone.stderr
+
+
 @pytest.mark.parametrize("qps", ["0", "200"])
 def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, redis_server, qps):
     """The table output (serve's default) gives the API server's CPU in both phases; below the
@@ -453,7 +508,7 @@ def test_serve_bench_diagnoses_each_ratio_below_the_target_with_its_own_window(c
     report.api_server_cpu = {"baseline": {"cores": 0.7, "ms_per_pod": 0.7}, "shardsched": {"cores": 0.5, "ms_per_pod": 1.0},
                              "busy_ratio": 0.71, "cost_ratio": 1.43}
     report.api_server_cpu_binds = {"shardsched": {"cores": 0.7, "ms_per_pod": 0.7}, "busy_ratio": 1.0, "cost_ratio": 1.0}
-    kw = {"output": "table", "bench_timeout": 300.0}
+    kw = {"output": "table", "bench_timeout": 300.0, "bench_null": False}
     report.api_binds = 0  # measure/finish are not run again
     report.api_binds_per_s = 1000.0
     assert serve_cli._bench_report(Finished(), report, 0.0, kw, runtime=None) == 0
@@ -777,6 +832,11 @@ def test_envtest_serve_bench(plane, redis_server):
     # the real API server's own time per bind, read from its /metrics in both phases
     assert report["api_server_bind_ms"]["baseline"] > 0 and report["api_server_bind_ms"]["shardsched"] > 0
     check_server_cpu(report)  # process_cpu_seconds_total of the real kube-apiserver
+    # the null run: the same phases with the baseline's client in the window, no scheduler, no Events
+    null, _ = run_bench(plane.kubeconfig("admin"), redis_server.url, 200, 4, "--bench-null")
+    assert null["null"] is True and null["errors"] == [] and null["bound"] == 200
+    assert null["events_lag_s"] is None and null["ratio"] > 0
+    check_server_cpu(null)
     # a namespace that does not exist is said before anything is made
     proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig",
                            plane.kubeconfig("admin"), "--mode", "threads", "--redis-url", redis_server.url,

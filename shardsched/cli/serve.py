@@ -209,6 +209,11 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
 @click.option("--bench-nodes", type=click.IntRange(0), default=0, show_default=True,
               help="Create this many nodes for the benchmark first and report them Ready, as a kubelet "
                    "would (for an API server without kubelets); they are deleted at the end.")
+@click.option("--bench-null", is_flag=True, default=False,
+              help="With --bench: a null run, to calibrate. No scheduler starts; the baseline's client binds the "
+                   "backlog in shardsched's window, measured the same way. Its ratio is 1.0 up to this cluster's "
+                   "own scatter between phases: run it a few times next to real runs to see how far from 1.0 a "
+                   "ratio can fall when nothing differs (docs/kubernetes.md, Benchmark).")
 @click.option("--bench-timeout", type=click.FloatRange(min=1.0), default=300.0, show_default=True,
               help="Seconds to wait for shardsched to bind the bench's pods.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -240,6 +245,9 @@ def serve(**kw) -> None:
         autoscaler = autoscaler_from(kw)
     except (ConfigError, ShardschedError, OSError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_CONFIG)
+    if kw["bench_null"] and not kw["bench_pods"]:
+        click.echo("error: --bench-null is a kind of bench run: give --bench N too", err=True)
         sys.exit(EXIT_CONFIG)
     gctune.tune()  # in threads mode this process holds the whole scheduler (shardsched.gctune)
     cc, le = config.client_connection, config.leader_election
@@ -327,10 +335,14 @@ def serve(**kw) -> None:
             state.runtime = runtime
             bench, report = _bench_prepare(spec, config, kw, stop) if kw["bench_pods"] else (None, None)
             bench_events = bench  # whose Events to delete once the scheduler has stopped
-            if _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
+            null = bench is not None and kw["bench_null"]  # a null run starts no scheduler
+            if null or _start_runtime(runtime, probe, (lease_ns, lease_name) if leader_elect else None, state, stop):
                 started_at = time.time()
                 state.phase, state.reason = "leading", ""
-                log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
+                if null:
+                    log.warning("bench: null run: the baseline's client binds the backlog in shardsched's place")
+                else:
+                    log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
                 if bench is not None:
                     code = _bench_report(bench, report, started_at, kw, runtime, spec.qps)
                     bench = None
@@ -434,25 +446,35 @@ BENCH_DRIFT_WARN = 1.25
 
 
 def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: float = 0.0) -> int:
-    """Measure shardsched's window, stop the scheduler, run the second baseline, print the report.
-    ``qps``: shardsched's client-side rate limit (0 = none), named when it capped the rate."""
+    """Measure shardsched's window (a null run's, with ``--bench-null``), stop the scheduler, run the
+    second baseline, print the report. ``qps``: shardsched's client-side rate limit (0 = none), named when it capped the rate."""
+    null = kw["bench_null"]
     if report.api_binds:
-        report = bench.measure(report, started_at, kw["bench_timeout"])
-        bench.wait_events(report, runtime.events_settled)  # none dropped at the stop; the rate with them
-        runtime.stop()  # the second baseline runs with the scheduler gone, as the first did
+        if null:
+            started_at = bench.start_null(report)
+            report = bench.measure(report, started_at, kw["bench_timeout"])
+            bench.end_null(report)
+        else:
+            report = bench.measure(report, started_at, kw["bench_timeout"])
+            bench.wait_events(report, runtime.events_settled)  # none dropped at the stop; the rate with them
+            runtime.stop()  # the second baseline runs with the scheduler gone, as the first did
         report = bench.finish(report)
     data = report.to_json()
     if kw["output"] == "json":
         click.echo(json.dumps(data, indent=2))
     else:
         lat = data["latency_ms"] or {"p50": 0.0, "p99": 0.0}
+        # a null run's window is the baseline's client binding the backlog (`Bench.start_null`)
+        who = "null run (the baseline's client in shardsched's place)" if null else "shardsched"
+        began = "its binds began" if null else "start-up ended"
+        subject = "null run" if null else "shardsched"
         measured = not (data["interrupted"] and not data["bound"])  # interrupted in shardsched's window
         complete = data["bound"] >= data["pods"]
         if not measured:
-            click.echo(f"shardsched: interrupted before its {data['pods']} pods were bound: not measured")
+            click.echo(f"{who}: interrupted before its {data['pods']} pods were bound: not measured")
         else:
-            click.echo(f"shardsched: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
-                       f"{data['pods_per_s']:.1f} pods/s (first bind {data['first_bind_s'] or 0:.2f} s after start-up ended); "
+            click.echo(f"{who}: {data['bound']}/{data['pods']} pending pods bound in {data['wall_s']:.2f} s = "
+                       f"{data['pods_per_s']:.1f} pods/s (first bind {data['first_bind_s'] or 0:.2f} s after {began}); "
                        f"pending->bound P50 {lat['p50']:.0f} ms, P99 {lat['p99']:.0f} ms")
             if data["events_lag_s"] is not None:
                 click.echo(f"shardsched with its Scheduled Events: the last written {data['events_lag_s']:.2f} s after the "
@@ -487,10 +509,13 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
                          "until its Events were written")
             click.echo(line)
         if not measured:
-            click.echo("ratio shardsched / API server: not measured (interrupted)")
+            click.echo(f"ratio {subject} / API server: not measured (interrupted)")
         elif not complete:
-            click.echo(f"ratio shardsched / API server: not comparable (only {data['bound']} of {data['pods']} pods "
+            click.echo(f"ratio {subject} / API server: not comparable (only {data['bound']} of {data['pods']} pods "
                        "bound before --bench-timeout)")
+        elif null:
+            click.echo(f"ratio null run / API server: {_floor2(report.ratio)} (no scheduler ran: the distance from 1.00 is "
+                       "this cluster's own scatter between phases, the noise floor of shardsched's ratio)")
         else:
             ratio = report.ratio  # not the JSON's, rounded to 3 decimals: 0.8996 must not read as 0.9
             verdict = "target met: the API server is the limit" if ratio >= 0.9 else "below the 0.9 target"

@@ -149,6 +149,9 @@ class BenchReport:
     #: "after"; `server_gc`), or None for a phase where it could not be asked (then that phase
     #: starts wherever the server's collection cycle happens to be)
     api_server_gc_s: dict = field(default_factory=dict)
+    #: a null run (``serve --bench-null``): the baseline's client bound the backlog in shardsched's
+    #: window, no scheduler ran; ``ratio`` is then the cluster's own scatter between phases
+    null: bool = False
     errors: list[str] = field(default_factory=list)
 
     def set_ratios(self) -> None:
@@ -689,11 +692,58 @@ class Bench:
         self._start_observer(prefix, n)
         self.api_baseline(n, nodes, report, "before")
         self._names = [f"{prefix}{i:06d}" for i in range(n)]
-        self._create([_pod(name, self.namespace, self.scheduler_name, self._run_nodes) for name in self._names])
+        self._backlog = self._create([_pod(name, self.namespace, self.scheduler_name, self._run_nodes)
+                                      for name in self._names])
         # shardsched starts right after this; its start-up (Ray, the first lists) allocates little
         self._server_gc(report, "shardsched")
         self._prepared = server_sample(self.api)
         return report
+
+    def start_null(self, report: BenchReport) -> float:
+        """The null run's window (``serve --bench-null``), called instead of starting shardsched: the
+        baseline's client (`api_baseline`'s binder, its connections opened first) binds the backlog
+        in a background thread, round-robin over the nodes, while `measure` times the binds on the
+        observer's watch as it times shardsched's. Everything else (pods, watches, the collection
+        before the window, both baselines) is as in a real run, so the ratio that comes out is
+        what this cluster's own rate scatters between phases: the noise floor of ``ratio``.
+        Returns the window's start (Unix s, the ``started_at`` of `measure`); call `end_null`
+        after `measure`."""
+        report.null = True
+        self._null_binder = binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED],
+                                                 bind_workers=self.workers, emit_scheduled=False)
+        nodes = self._nodes
+        items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
+                 for i, p in enumerate(self._backlog)]
+        binder.open_connections(1)
+        self._null_results: list = []
+        self._null_error = ""
+
+        def bind() -> None:
+            try:
+                self._null_results.extend(binder.bind_many(items))
+            except Exception as e:  # noqa: BLE001 - reported by end_null
+                self._null_error = f"{type(e).__name__}: {e}"
+        self._null_thread = threading.Thread(target=bind, name="bench-null", daemon=True)
+        started_at = time.time()
+        self._null_thread.start()
+        return started_at
+
+    def end_null(self, report: BenchReport) -> None:
+        """After `measure` in a null run: stop its binder (binds not sent yet are not sent) and
+        note failed binds among the report's errors."""
+        binder = getattr(self, "_null_binder", None)
+        if binder is None:
+            return
+        if report.bound >= report.pods and not report.interrupted:
+            self._null_thread.join(30)  # every bind was seen: its answers are coming in
+        binder.stop()  # otherwise (stopped, timed out) the binds not answered yet are cancelled
+        self._null_thread.join(10)
+        self._null_binder = None
+        bad = [r for r in self._null_results if r.code != 201]
+        if self._null_error and not report.interrupted:  # a stop's cancellation is said by ``interrupted``
+            report.errors.append(f"null run: the binds stopped: {self._null_error}")
+        elif bad:
+            report.errors.append(f"null run: {len(bad)} binds failed, first: {bad[0].code} {bad[0].message}")
 
     def _start_observer(self, prefix: str, n: int) -> None:
         """Start the observer process (`_observe`) and wait until it has listed the pods.
