@@ -105,8 +105,17 @@ def test_uids_repeat_with_the_seed():
         (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="lots"), "requests.cpu"),
         (lambda p: p["metadata"].update(name="Bad_Name"), "metadata.name"),
         (lambda p: p["spec"].update(priorityClassName="nope"), "spec.priorityClassName"),
+        (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(foo="1"),
+         "requests.foo: 'foo' is not a resource a container can request"),
+        (lambda p: p["spec"]["containers"][0]["resources"].update(limits={"cpu": "500m"}),
+         "requests.cpu: 1 must be less than or equal to the cpu limit of 500m"),
+        (lambda p: p["spec"]["containers"][0]["resources"]["requests"].update({"example.com/gpu": "1"}),
+         "limits.example.com/gpu: a limit is required"),
+        (lambda p: p["spec"]["containers"][0]["resources"].update(limits={"example.com/gpu": "500m"}),
+         "limits.example.com/gpu: 500m is not a whole number"),
     ],
-    ids=["no-containers", "bad-quantity", "bad-name", "unknown-priority-class"],
+    ids=["no-containers", "bad-quantity", "bad-name", "unknown-priority-class", "unqualified-resource",
+         "request-above-limit", "extended-without-limit", "fractional-extended"],
 )
 def test_create_pod_invalid(change, message):
     c = SimCluster()

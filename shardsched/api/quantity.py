@@ -41,6 +41,17 @@ def is_byte_resource(name: str) -> bool:
     return name in (MEMORY, EPHEMERAL_STORAGE) or name.startswith("hugepages-")
 
 
+def is_prefixed_native(name: str) -> bool:
+    """Names in a ``*kubernetes.io/`` domain (upstream IsPrefixedNativeResource: contains, not prefix)."""
+    return "kubernetes.io/" in name
+
+
+def is_extended(name: str) -> bool:
+    """Extended resources are domain-prefixed names outside ``*kubernetes.io/`` (upstream
+    IsExtendedResourceName; for a name that passed `shardsched.api.validation`)."""
+    return "/" in name and not is_prefixed_native(name) and not name.startswith("requests.")
+
+
 def canonical_quantity(name: str, value: Any, path: str = "") -> int:
     """Parse one quantity of resource ``name`` into its canonical integer unit.
 
@@ -63,6 +74,23 @@ def canonical_quantity(name: str, value: Any, path: str = "") -> int:
     if isinstance(result, str):
         raise InvalidObjectError(result.format(value=value, name=name), path)
     return result
+
+
+def exact_quantity(name: str, value: Any, path: str = "") -> Decimal:
+    """The exact value of a quantity of resource ``name`` in its base unit (cores for ``cpu``,
+    bytes, counts), not rounded: for comparing two quantities and telling whole numbers from
+    fractions as ``resource.Quantity.Cmp`` does (``"500m"`` -> 0.5, ``"1Ki"`` -> 1024).
+
+    Raises:
+        InvalidObjectError: as `canonical_quantity` (the same checks and messages).
+    """
+    canonical_quantity(name, value, path)
+    return _decimal(value if isinstance(value, str) else str(value))
+
+
+@functools.lru_cache(maxsize=8192)
+def _decimal(text: str) -> Decimal:
+    return parse_quantity(text)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -9,12 +9,12 @@ Plugins without an args type take `NoArgs` (no field besides ``apiVersion``/``ki
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, Mapping, Optional
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shardsched.api.objects import parse_node_affinity
+from shardsched.api.validation import qualified_name_problem
 from shardsched.config.base import ConfigModel, Loc, error_lines, fail, fail_from, render_path
 from shardsched.config.registry import (
     API_VERSION, DEPRECATED_API_VERSIONS, SUPPORTED_PLUGINS, unsupported_plugin_message,
@@ -27,23 +27,6 @@ REQUESTED_TO_CAPACITY_RATIO = "RequestedToCapacityRatio"
 MAX_CUSTOM_PRIORITY_SCORE = 10
 #: kube's resource weight range for NodeResourcesFit scoring, (0, 100]
 MAX_RESOURCE_WEIGHT = 100
-
-_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def qualified_name_problem(value: str) -> str | None:
-    """Why ``value`` is not a label name (``[prefix/]name``), or None; as apimachinery's IsQualifiedName."""
-    prefix, _, name = value.rpartition("/")
-    if "/" in prefix:
-        return "must be a name with at most one '/' (an optional DNS subdomain prefix, '/', then a name)"
-    if "/" in value and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
-        return "prefix must be a lowercase DNS subdomain of at most 253 characters"
-    if not name or len(name) > 63 or not _NAME_PART.fullmatch(name):
-        return ("name part must be at most 63 characters: alphanumerics, '-', '_' or '.', "
-                "starting and ending with an alphanumeric")
-    return None
-
 
 class PluginArgs(ConfigModel):
     """Base of the args types; drops ``apiVersion``/``kind`` (type metadata, checked by the loader)."""

@@ -39,7 +39,6 @@ return values are plain values and dataclasses; errors are the typed `shardsched
 from __future__ import annotations
 
 import random
-import re
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+from shardsched.api.validation import pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
 from shardsched.sim.errors import (AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout,
                                    read_event_log)
@@ -65,8 +65,6 @@ SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-nod
 #: insufficient one names the rejection.
 _ADMISSION_ORDER = (PODS, CPU, MEMORY, EPHEMERAL_STORAGE)
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _CONDITION_STATUSES = ("True", "False", "Unknown")
 _EVENT_TYPES = ("Normal", "Warning")
 #: Distinct events kept per object (the oldest goes first), so a pod that fails scheduling for
@@ -191,15 +189,6 @@ def _copy_tree(value: Any) -> Any:
     if isinstance(value, abc.Mapping):
         return {k: _copy_tree(v) for k, v in value.items()}
     return value
-
-
-def validate_name(value: str, path: str, label: bool = False) -> None:
-    """Raise `InvalidObjectError` unless ``value`` is a DNS-1123 subdomain (label when ``label``),
-    as the API server validates object names and namespaces."""
-    pattern, limit = (_DNS_LABEL, 63) if label else (_DNS_SUBDOMAIN, 253)
-    if len(value) > limit or not pattern.fullmatch(value):
-        kind = "DNS-1123 label" if label else "DNS-1123 subdomain"
-        raise InvalidObjectError(f"{value!r} is not a valid {kind} (lowercase alphanumerics, '-', at most {limit})", path)
 
 
 def _with_condition(conditions: list[dict], condition: Mapping[str, Any], now: str) -> list[dict] | None:
@@ -384,7 +373,8 @@ class SimCluster:
 
         Each object (dict or kubernetes client model) is copied, defaulted (namespace ``default``,
         ``spec.schedulerName`` ``default-scheduler``, ``spec.priority`` from its PriorityClass),
-        validated with `PodInfo.from_object`, given a uid and ``creationTimestamp``, and its status
+        validated with `PodInfo.from_object` and the API server's rules (`api.validation.pod_problems`:
+        names, resource names, requests against limits), given a uid and ``creationTimestamp``, and its status
         reset to ``Pending`` (the API server's ``PrepareForCreate``). A pod created with
         ``spec.nodeName`` of an existing node goes through the kubelet-like admission at once.
 
@@ -645,8 +635,9 @@ class SimCluster:
             if isinstance(spec, dict):
                 spec["schedulerName"] = spec.get("schedulerName") or "default-scheduler"
             info = PodInfo.from_object(pod, self._priority_classes)
-            validate_name(info.name, "metadata.name")
-            validate_name(info.namespace, "metadata.namespace", label=True)
+            problems = pod_problems(pod)
+            if problems:
+                raise InvalidObjectError("; ".join(f"{path}: {message}" for path, message in problems))
         except InvalidObjectError as e:
             where = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else ""
             raise Invalid(str(e.located(where) if where else e)) from None

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple
 
+from shardsched.api.validation import validate_name
 from shardsched.errors import InvalidObjectError
-from shardsched.sim.cluster import validate_name
 from shardsched.sim.errors import TraceError
 from shardsched.sim.workload import PAUSE_IMAGE, SCHEDULER_NAME
 

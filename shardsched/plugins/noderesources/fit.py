@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardsched.api.objects import PodInfo
-from shardsched.api.quantity import CPU, MEMORY, PODS
+from shardsched.api.quantity import CPU, MEMORY, PODS, is_extended, is_prefixed_native
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import MAX_NODE_SCORE, FilterPlugin, Index, ScorePlugin
@@ -36,16 +36,6 @@ REQUESTED_TO_CAPACITY_RATIO = "RequestedToCapacityRatio"
 #: kube's MaxCustomPriorityScore: shape scores are 0..10 and scaled to 0..100
 MAX_CUSTOM_PRIORITY_SCORE = 10
 DEFAULT_RESOURCES = ((CPU, 1), (MEMORY, 1))
-
-
-def is_prefixed_native(name: str) -> bool:
-    """Names in a ``*kubernetes.io/`` domain (upstream IsPrefixedNativeResource: contains, not prefix)."""
-    return "kubernetes.io/" in name
-
-
-def is_extended(name: str) -> bool:
-    """Extended resources are domain-prefixed names outside ``*kubernetes.io/`` (upstream IsExtendedResourceName)."""
-    return "/" in name and not is_prefixed_native(name) and not name.startswith("requests.")
 
 
 def is_scalar(name: str) -> bool:
