@@ -175,6 +175,15 @@ def test_load_from_path_names_the_file(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("content", ["", "# nothing but a comment\n", "---\n"],
+                         ids=["empty", "comment-only", "empty-document"])
+def test_config_file_without_a_document_is_an_error(tmp_path, content):
+    path = tmp_path / "sched.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=rf"^{path}: no KubeSchedulerConfiguration document \(the file is empty"):
+        load_config(path)
+
+
 def test_v1beta3_is_accepted_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="shardsched.config"):
         config = parse({**doc(), "apiVersion": "kubescheduler.config.k8s.io/v1beta3"})

@@ -39,12 +39,14 @@ def load_config(source: str | os.PathLike[str] | None = None) -> SchedulerConfig
 
     Args:
         source: a path (``str`` or ``PathLike``), YAML text (a ``str`` containing a newline), or
-            None. None, ``""`` and a file that is empty or only comments give the default
-            configuration: one profile ``default-scheduler`` with kube's default plugins.
+            None. None, and text that is ``""`` or only comments, give the default configuration:
+            one profile ``default-scheduler`` with kube's default plugins.
 
     Raises:
-        ConfigError: the file cannot be read or the configuration is invalid; one line per problem,
-            ``<file>: <field path>: <message>`` (``<file>: line N, column M: ...`` for YAML syntax).
+        ConfigError: the file cannot be read, holds no document (empty or only comments:
+            kube-scheduler cannot decode it either), or the configuration is invalid; one line per
+            problem, ``<file>: <field path>: <message>`` (``<file>: line N, column M: ...`` for
+            YAML syntax).
     """
     if source is None:
         return parse_config("", "<defaults>")
@@ -57,13 +59,20 @@ def load_config(source: str | os.PathLike[str] | None = None) -> SchedulerConfig
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: cannot read: not UTF-8 text") from None
-    return parse_config(text, path)
+    return parse_config(text, path, empty_is_default=False)
 
 
-def parse_config(text: str, source: str = "<string>") -> SchedulerConfiguration:
-    """Parse YAML ``text``; ``source`` names it in error messages. See `load_config`."""
+def parse_config(text: str, source: str = "<string>", empty_is_default: bool = True) -> SchedulerConfiguration:
+    """Parse YAML ``text``; ``source`` names it in error messages. See `load_config`.
+
+    ``empty_is_default``: text without a document gives the default configuration; when False
+    (a file) it is a `ConfigError`, as kube-scheduler's ``--config`` decoding.
+    """
     data = _read_yaml(text, source)
     if data is None:
+        if not empty_is_default:
+            raise ConfigError(f"{source}: no {KIND} document (the file is empty or only comments); "
+                              f"leave out the configuration file for kube's defaults")
         data = {"apiVersion": API_VERSION, "kind": KIND}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a {KIND} object, got {type(data).__name__}")
