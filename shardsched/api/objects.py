@@ -424,8 +424,9 @@ class NodeInfo:
     """Scheduling view of a Node (the static part of kube's ``NodeInfo``; usage lives in the NodeTable).
 
     Attributes:
-        allocatable: ``status.allocatable`` in canonical units (``capacity`` is ignored, as upstream);
-            a resource the node does not list counts as 0.
+        allocatable: ``status.allocatable`` in canonical units, or ``status.capacity`` when the
+            node has no ``allocatable`` field (the API server's ``SetDefaults_NodeStatus``); a
+            resource the node does not list counts as 0.
     """
 
     name: str
@@ -441,8 +442,9 @@ class NodeInfo:
         """Build from a Node dict or client model.
 
         Raises:
-            InvalidObjectError: a malformed field, with its path. A node without
-                ``status.allocatable`` is valid and has 0 of everything (no pod fits on it).
+            InvalidObjectError: a malformed field, with its path. A node with neither
+                ``status.allocatable`` nor ``status.capacity`` is valid and has 0 of everything
+                (no pod fits on it).
         """
         obj = as_dict(obj)
         meta = _meta(obj)
@@ -460,7 +462,10 @@ class NodeInfo:
         status = obj.get("status") or {}
         if not isinstance(status, Mapping):
             raise InvalidObjectError("status must be an object", "status")
-        allocatable = parse_resource_list(status.get("allocatable"), "status.allocatable")
+        if status.get("allocatable") is None:
+            allocatable = parse_resource_list(status.get("capacity"), "status.capacity")
+        else:
+            allocatable = parse_resource_list(status.get("allocatable"), "status.allocatable")
         return cls(
             name=meta["name"],
             uid=str(meta.get("uid") or meta["name"]),
