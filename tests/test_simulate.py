@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -127,10 +128,10 @@ def test_bad_input_is_named_and_the_rest_still_runs(tmp_path):
     run = simulate(tmp_path, manifests, "-o", "json")
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
-    assert "in.yaml#2: invalid Pod: spec.containers[0].resources.requests.cpu: invalid quantity 'abc'" in run.stderr
-    assert "in.yaml#3: duplicate Pod 'default/ok'" in run.stderr
-    assert "in.yaml#4: invalid Pod: spec.containers: a pod needs at least one container" in run.stderr
-    assert "in.yaml#5: ignoring object of kind 'Service'" in run.stderr
+    assert "in.yaml#3: invalid Pod: spec.containers[0].resources.requests.cpu: invalid quantity 'abc'" in run.stderr
+    assert "in.yaml#4: duplicate Pod 'default/ok'" in run.stderr
+    assert "in.yaml#5: invalid Pod: spec.containers: a pod needs at least one container" in run.stderr
+    assert "in.yaml#6: ignoring object of kind 'Service'" in run.stderr
     assert by_key(json.loads(run.stdout))["default/ok"]["node"] == "n1"
 
 
@@ -165,3 +166,138 @@ def test_table_output_and_json_file_input(tmp_path):
     run = subprocess.run(CLI + ["simulate", "-f", str(path)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "default/p" in run.stdout and "Scheduled" in run.stdout and "cpu=500m" in run.stdout
+
+
+# ------------------------------------------------------------------ objects the API server would refuse
+
+def raw_pod(meta: str, resources: str = "{}", spec_extra: str = "", kind: str = "Pod") -> str:
+    """A Pod document with the given metadata and first-container resources (flow YAML)."""
+    return f"""
+    apiVersion: v1
+    kind: {kind}
+    metadata: {meta}
+    spec:
+      {spec_extra}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {resources}}}]
+    ---"""
+
+
+C0 = "spec.containers[0].resources"
+#: (id, document, what stderr must say about it); each document is refused and left out.
+INVALID = [
+    ("unknown-priority-class", raw_pod("{name: pc}", spec_extra="priorityClassName: nope"),
+     "invalid Pod: spec.priorityClassName: no PriorityClass with name 'nope' was found"),
+    ("unqualified-resource", raw_pod("{name: foo}", "{requests: {foo: '1'}}"),
+     f"invalid Pod: {C0}.requests.foo: 'foo' is not a resource a container can request"),
+    ("request-above-limit", raw_pod("{name: over}", "{requests: {cpu: '2'}, limits: {cpu: '1'}}"),
+     f"invalid Pod: {C0}.requests.cpu: 2 must be less than or equal to the cpu limit of 1"),
+    ("extended-without-limit", raw_pod("{name: gpu-req}", "{requests: {example.com/gpu: '1'}}"),
+     f"invalid Pod: {C0}.limits.example.com/gpu: a limit is required: example.com/gpu cannot be overcommitted"),
+    ("extended-request-not-limit",
+     raw_pod("{name: gpu-ne}", "{requests: {example.com/gpu: '1'}, limits: {example.com/gpu: '2'}}"),
+     f"invalid Pod: {C0}.requests.example.com/gpu: 1 must equal the example.com/gpu limit of 2"),
+    ("fractional-extended", raw_pod("{name: gpu-half}", "{limits: {example.com/gpu: 500m}}"),
+     f"invalid Pod: {C0}.limits.example.com/gpu: 500m is not a whole number"),
+    ("init-container",
+     raw_pod("{name: init}", spec_extra="initContainers: [{name: i, image: x, resources: {requests: {bar: '1'}}}]"),
+     "invalid Pod: spec.initContainers[0].resources.requests.bar: 'bar' is not a resource"),
+    ("bad-pod-name", raw_pod("{name: Bad_Name}"),
+     "invalid Pod: metadata.name: 'Bad_Name' is not a valid DNS-1123 subdomain"),
+    ("bad-namespace", raw_pod("{name: ns, namespace: Team.A}"),
+     "invalid Pod: metadata.namespace: 'Team.A' is not a valid DNS-1123 label"),
+    ("pod-without-name", raw_pod("{namespace: default}"),
+     "invalid Pod: metadata.name: name or generateName is required"),
+    ("bad-generate-name", raw_pod("{generateName: Web_}"),
+     "invalid Pod: metadata.generateName: names generated from it are invalid"),
+    ("node-without-name", "\n    apiVersion: v1\n    kind: Node\n    metadata: {}\n    ---",
+     "invalid Node: metadata.name: name or generateName is required"),
+]
+
+
+@pytest.fixture(scope="module")
+def invalid_run(tmp_path_factory):
+    """One run over a node, every INVALID document (documents 2, 3, ...) and a valid pod last (an
+    extended resource given as a limit alone, which the API server accepts)."""
+    gpu_node = node("n1").replace('pods: "110"', 'pods: "110", example.com/gpu: "1"')
+    fine = raw_pod("{name: fine}", "{limits: {example.com/gpu: '1'}}")
+    docs = gpu_node + "".join(doc for _, doc, _ in INVALID) + fine
+    return simulate(tmp_path_factory.mktemp("invalid"), docs, "-o", "json")
+
+
+@pytest.mark.parametrize("number, expected", [(i + 2, msg) for i, (_, _, msg) in enumerate(INVALID)],
+                         ids=[case for case, _, _ in INVALID])
+def test_refused_objects_are_named_and_left_out(invalid_run, number, expected):
+    assert invalid_run.returncode == 2 and "Traceback" not in invalid_run.stderr
+    lines = [line for line in invalid_run.stderr.splitlines() if f"in.yaml#{number}: " in line]
+    assert any(expected in line for line in lines), invalid_run.stderr
+    out = json.loads(invalid_run.stdout)
+    assert [(p["name"], p["status"]) for p in out["pods"]] == [("fine", "Scheduled")]  # the rest still runs
+
+
+def test_errors_come_in_document_order(invalid_run):
+    numbers = [int(re.search(r"in\.yaml#(\d+)", line).group(1))
+               for line in invalid_run.stderr.splitlines() if line.startswith("error:")]
+    assert numbers == sorted(numbers) and numbers[0] == 2  # the priority error (found last) comes first
+
+
+# ------------------------------------------------------------------ accepted as the API server would, with notes
+
+PENDING_POD = pod("p", cpu="1")
+#: (id, manifests, expected exit status, what stderr must say ("" for nothing), {pod: (status, node)}).
+ACCEPTED = [
+    ("generate-name", node("n1") + raw_pod("{generateName: web-}", "{requests: {cpu: '1'}}"), 0, "",
+     {"web-*": ("Scheduled", "n1")}),
+    ("bound-to-missing-node", node("n1") + pod("orphan", spec_extra="nodeName: ghost") + PENDING_POD, 0,
+     "in.yaml#2: pod default/orphan is bound to node 'ghost', which is not in the input", {"p": ("Scheduled", "n1")}),
+    ("bound-pod-overcommits", node("n1", cpu="2") + pod("big", cpu="3", spec_extra="nodeName: n1") + PENDING_POD, 0,
+     "in.yaml#2: pod default/big is bound to node 'n1' but does not fit there: cpu requested 3, in use 0, "
+     "allocatable 2; the kubelet would reject it (OutOfcpu)", {"p": ("Unschedulable", None)}),
+    ("unknown-scheduler-name",
+     node("n1") + pod("a", spec_extra="schedulerName: other") + pod("b", spec_extra="schedulerName: other"), 0,
+     "2 pod(s) with schedulerName 'other', which no profile has: kube-scheduler would not schedule them",
+     {"a": ("Scheduled", "n1"), "b": ("Scheduled", "n1")}),
+    ("empty-file", "", 0, "in.yaml: the file holds no objects", {}),
+]
+
+
+@pytest.mark.parametrize("manifests, code, note, expected", [case[1:] for case in ACCEPTED],
+                         ids=[case[0] for case in ACCEPTED])
+def test_accepted_input_runs_and_says_what_a_cluster_would_do(tmp_path, manifests, code, note, expected):
+    run = simulate(tmp_path, manifests, "-o", "json")
+    assert run.returncode == code, run.stderr
+    assert "Traceback" not in run.stderr and "error:" not in run.stderr
+    assert ("warning: " in run.stderr and note in run.stderr) if note else run.stderr == ""
+    got = {p["name"]: (p["status"], p["node"]) for p in json.loads(run.stdout)["pods"]}
+    for name, want in expected.items():
+        if name.endswith("*"):
+            [name] = [n for n in got if re.fullmatch(rf"{name[:-1]}[bcdfghjklmnpqrstvwxz2456789]{{5}}", n)]
+        assert got[name] == want, got
+    assert len(got) == len(expected)
+
+
+def test_generated_names_repeat_with_the_seed(tmp_path):
+    manifests = node("n1") + raw_pod("{generateName: web-}") + raw_pod("{generateName: web-}")
+    names = [[p["name"] for p in json.loads(simulate(tmp_path, manifests, "-o", "json", *seed).stdout)["pods"]]
+             for seed in ([], [], ["--seed", "1"])]
+    assert names[0] == names[1] and len(set(names[0])) == 2
+    assert names[2] != names[0]
+
+
+def test_node_allocatable_defaults_from_capacity_only_when_absent(tmp_path):
+    nodes = ("\n    apiVersion: v1\n    kind: Node\n    metadata: {name: both}\n"
+             "    status: {capacity: {cpu: '8', pods: '10'}, allocatable: {cpu: '2', pods: '10'}}\n    ---"
+             "\n    apiVersion: v1\n    kind: Node\n    metadata: {name: cap}\n"
+             "    status: {capacity: {cpu: '4', pods: '10'}}\n    ---")
+    out = json.loads(simulate(tmp_path, nodes + pod("p", cpu="3"), "-o", "json").stdout)
+    assert {n["name"]: n["allocatable"] for n in out["nodes"]} == {"both": {"cpu": 2000, "pods": 10},
+                                                                   "cap": {"cpu": 4000, "pods": 10}}
+    assert by_key(out)["default/p"]["node"] == "cap"
+
+
+@pytest.mark.parametrize("content", ["", "# only a comment\n"], ids=["empty", "comment-only"])
+def test_empty_config_file_is_an_error_naming_it(tmp_path, content):
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    run = simulate(tmp_path, node("n1") + pod("p"), "--config", str(config))
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"error: {config}: no KubeSchedulerConfiguration document" in run.stderr

@@ -1,14 +1,19 @@
 """Reading Kubernetes manifests: YAML or JSON files, multi-document, ``kind: List`` allowed.
 
-Each object is schema-checked against the Kubernetes OpenAPI schema (strict: unknown fields are
-errors) with the ``kubernetes-validate`` package, then parsed into PodInfo / NodeInfo. Errors never
-stop the reading: each bad object becomes a `ManifestError` naming the file, the document index
-(``file.yaml#2``, ``file.yaml#0.items[3]``) and the field, and the rest is still read.
+Each object is read as the API server would take it on create: schema-checked against the
+Kubernetes OpenAPI schema (strict: unknown fields are errors) with the ``kubernetes-validate``
+package; a ``metadata.generateName`` without a name gets a generated name; names and, for Pods,
+resources are checked with the API server's rules (`shardsched.api.validation`); then the objects
+are parsed into PodInfo / NodeInfo. Errors never stop the reading: each bad object becomes one
+`ManifestError` per problem, naming the file, the document (``file.yaml#2`` is the second
+document, counted from 1; ``file.yaml#1.items[3]`` an item of a ``kind: List``) and the field, and
+the rest is still read.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,20 +22,28 @@ import kubernetes_validate
 import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.validation import generate_name, generate_name_problem, name_problem, pod_problems
 from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
 SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass")
 _DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1"}
+#: Names the API server tries for one generateName before it gives up (RetryGenerateName).
+_GENERATE_NAME_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
 class ManifestError:
-    """One problem in the input: where (file#doc) and what (with the field path)."""
+    """One problem in the input: where (file#document) and what (with the field path).
+
+    ``seq`` is the object's position in the input (files in the order given, then documents), so
+    problems found in later passes (priorities, parsing) can be reported in input order.
+    """
 
     where: str
     message: str
+    seq: int = field(default=0, compare=False)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -45,8 +58,9 @@ class Manifests:
         pods: valid Pod objects (raw dicts) with their location.
         priority_classes: PriorityClass name -> value.
         default_priority: value of the globalDefault PriorityClass, else 0.
-        errors: invalid documents (they are not in nodes/pods).
-        warnings: ignored kinds and the like.
+        errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
+        warnings: ignored kinds, files without objects and the like.
+        seq: location -> position in the input, for the `ManifestError.seq` of later problems.
     """
 
     nodes: list[tuple[str, dict]] = field(default_factory=list)
@@ -55,17 +69,28 @@ class Manifests:
     default_priority: int = 0
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    seq: dict[str, int] = field(default_factory=dict)
+
+    def error(self, where: str, message: str) -> None:
+        """Record a problem of the object at ``where`` (a location `read_manifests` yielded)."""
+        self.errors.append(ManifestError(where, message, self.seq.get(where, len(self.seq))))
+
+    def in_input_order(self) -> list[ManifestError]:
+        """``errors`` sorted by the position of their object in the input (stable: the problems of
+        one object keep the order they were found in)."""
+        return sorted(self.errors, key=lambda e: e.seq)
 
 
 def _documents(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield (location, object) for every object in the file, unfolding ``kind: List``."""
+    """Yield (location, object) for every object in the file, unfolding ``kind: List``; documents
+    are numbered from 1 in the location."""
     text = path.read_text()
     if path.suffix == ".json":
         loaded = json.loads(text)
         docs = loaded if isinstance(loaded, list) else [loaded]
     else:
         docs = list(yaml.safe_load_all(text))
-    for i, doc in enumerate(docs):
+    for i, doc in enumerate(docs, start=1):
         where = f"{path}#{i}"
         if doc is None:
             continue
@@ -100,37 +125,78 @@ class _SchemaCheck:
         return self._seen[key]
 
 
-def read_manifests(paths: list[str | Path]) -> Manifests:
+def _named(obj: dict, taken: dict[str, str], key_of, rng: random.Random) -> tuple[dict | None, str]:
+    """``obj`` with a name, or None and why it cannot have one. An object with a
+    ``metadata.generateName`` and no name gets a generated one (a key not in ``taken`` if one of
+    a few tries finds it), as the API server's ``BeforeCreate``; the name itself is checked later."""
+    meta = obj.get("metadata") or {}
+    name, prefix = meta.get("name"), meta.get("generateName")
+    if name:
+        return obj, ""
+    if not prefix:
+        return None, "metadata.name: name or generateName is required"
+    problem = generate_name_problem(prefix)
+    if problem:
+        return None, f"metadata.generateName: names generated from it are invalid: {problem}"
+    for _ in range(_GENERATE_NAME_ATTEMPTS):
+        name = generate_name(prefix, rng)
+        if key_of({**meta, "name": name}) not in taken:
+            break
+    return {**obj, "metadata": {**meta, "name": name}}, ""
+
+
+def _problems(kind: str, obj: dict) -> list[tuple[str, str]]:
+    """What the API server would refuse in a named object: everything `pod_problems` checks for a
+    Pod; the name for the other kinds."""
+    if kind == "Pod":
+        return pod_problems(obj)
+    problem = name_problem(obj["metadata"]["name"])
+    return [("metadata.name", problem)] if problem else []
+
+
+def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     """Read Node, Pod and PriorityClass objects from files (other kinds are ignored with a warning).
 
+    Args:
+        paths: manifest files, read in this order.
+        seed: seeds the names generated for ``metadata.generateName`` (``random.Random(seed)``,
+            drawn in input order), so the same input gives the same names; None for fresh ones.
+
     Never raises for bad content: unreadable files, YAML/JSON syntax errors, schema violations,
-    invalid quantities and duplicate names become entries of ``errors``.
+    objects without a name or generateName, invalid names, resources the API server would refuse
+    (`shardsched.api.validation.pod_problems`), invalid quantities and duplicate names become
+    entries of ``errors``; a file without objects is a warning.
     """
     out = Manifests()
     check = _SchemaCheck()
-    seen_pods: dict[str, str] = {}
-    seen_nodes: dict[str, str] = {}
+    rng = random.Random(seed)
+    seen: dict[str, dict[str, str]] = {kind: {} for kind in SUPPORTED_KINDS}
+    keys = {"Pod": lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"}
     for raw_path in paths:
         path = Path(raw_path)
+        out.seq.setdefault(str(path), len(out.seq))
         try:
             docs = list(_documents(path))
         except OSError as e:
-            out.errors.append(ManifestError(str(path), f"cannot read: {e.strerror or e}"))
+            out.error(str(path), f"cannot read: {e.strerror or e}")
             continue
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{path}: line {mark.line + 1}" if mark else str(path)
-            out.errors.append(ManifestError(where, f"invalid YAML: {getattr(e, 'problem', None) or e}"))
+            out.errors.append(ManifestError(where, f"invalid YAML: {getattr(e, 'problem', None) or e}", out.seq[str(path)]))
             continue
         except json.JSONDecodeError as e:
-            out.errors.append(ManifestError(f"{path}: line {e.lineno}", f"invalid JSON: {e.msg}"))
+            out.errors.append(ManifestError(f"{path}: line {e.lineno}", f"invalid JSON: {e.msg}", out.seq[str(path)]))
             continue
+        if not docs:
+            out.warnings.append(f"{path}: the file holds no objects")
         for where, obj in docs:
+            out.seq[where] = len(out.seq)
             if isinstance(obj, Exception):
-                out.errors.append(ManifestError(where, str(obj)))
+                out.error(where, str(obj))
                 continue
             if not isinstance(obj, dict):
-                out.errors.append(ManifestError(where, f"expected a Kubernetes object, got {type(obj).__name__}"))
+                out.error(where, f"expected a Kubernetes object, got {type(obj).__name__}")
                 continue
             kind = obj.get("kind")
             if kind not in SUPPORTED_KINDS:
@@ -140,27 +206,32 @@ def read_manifests(paths: list[str | Path]) -> Manifests:
                 obj = {**obj, "apiVersion": _DEFAULT_API_VERSION[kind]}
             problem = check(obj)
             if problem:
-                out.errors.append(ManifestError(where, f"invalid {kind}: {problem}"))
+                out.error(where, f"invalid {kind}: {problem}")
                 continue
-            meta = obj.get("metadata") or {}
+            key_of = keys.get(kind, lambda meta: meta["name"])
+            obj, unnamed = _named(obj, seen[kind], key_of, rng)
+            if obj is None:
+                out.error(where, f"invalid {kind}: {unnamed}")
+                continue
+            problems = _problems(kind, obj)
+            if problems:
+                for field_path, message in problems:
+                    out.error(where, f"invalid {kind}: {field_path}: {message}")
+                continue
+            meta = obj["metadata"]
+            key = key_of(meta)
+            if key in seen[kind]:
+                out.error(where, f"duplicate {kind} {key!r} (first at {seen[kind][key]}); this one is ignored")
+                continue
+            seen[kind][key] = where
             if kind == "PriorityClass":
                 value = obj.get("value")
-                out.priority_classes[meta["name"]] = value
+                out.priority_classes[key] = value
                 if obj.get("globalDefault"):
                     out.default_priority = value
             elif kind == "Node":
-                name = meta["name"]
-                if name in seen_nodes:
-                    out.errors.append(ManifestError(where, f"duplicate Node {name!r} (first at {seen_nodes[name]}); this one is ignored"))
-                    continue
-                seen_nodes[name] = where
                 out.nodes.append((where, obj))
             else:
-                key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
-                if key in seen_pods:
-                    out.errors.append(ManifestError(where, f"duplicate Pod {key!r} (first at {seen_pods[key]}); this one is ignored"))
-                    continue
-                seen_pods[key] = where
                 out.pods.append((where, obj))
     return out
 
@@ -172,7 +243,7 @@ def parse_nodes(m: Manifests) -> list[NodeInfo]:
         try:
             nodes.append(NodeInfo.from_object(obj))
         except InvalidObjectError as e:
-            m.errors.append(ManifestError(where, f"invalid Node: {e}"))
+            m.error(where, f"invalid Node: {e}")
     return nodes
 
 
@@ -183,5 +254,5 @@ def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:
         try:
             pods.append((where, PodInfo.from_object(obj, m.priority_classes, m.default_priority)))
         except InvalidObjectError as e:
-            m.errors.append(ManifestError(where, f"invalid Pod: {e}"))
+            m.error(where, f"invalid Pod: {e}")
     return pods

@@ -17,8 +17,10 @@ EXIT_INVALID_INPUT = 2
 @click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="YAML or JSON manifest (multi-document, kind: List allowed). Repeatable.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="KubeSchedulerConfiguration file (profiles, plugins, args). Default: kube's default profile.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for breaking score ties.")
+              help="KubeSchedulerConfiguration file (profiles, plugins, args); an empty file is an error. "
+                   "Default: kube's default profile.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for breaking score ties and for the names generated from metadata.generateName.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output: str) -> None:
     """Place the unbound pods of Kubernetes manifests on their nodes, as kube-scheduler would.
@@ -30,9 +32,23 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
     priorityClassName; other kinds are ignored with a warning.
 
     \b
+    Objects are taken as the API server would take them: an object with generateName and no
+    name gets generateName + 5 random characters (the same for the same input and --seed); a
+    Node without status.allocatable gets its status.capacity; names, resource names and
+    requests against limits are checked with the API server's rules.
+
+    \b
+    Warnings on stderr (the simulation still runs): a file without objects; a pod bound to a
+    node that is not in the input (it counts on no node); a bound pod that does not fit its
+    node (the kubelet would reject it; it is kept on the node); pods whose schedulerName no
+    profile has (kube-scheduler would leave them Pending; they are placed with the first
+    profile, and the warning says how many and which schedulerName).
+
+    \b
     Exit status: 0 when the simulation ran (unschedulable pods are a result);
-    2 when some input was invalid: each bad object is named on stderr (file#document: field:
-    problem), left out, and the rest is still simulated and printed; 1 for a bad --config.
+    2 when some input was invalid: each bad object is named on stderr, in input order, as
+    file#N: field: problem (N counts documents from 1), left out, and the rest is still
+    simulated and printed; 1 for a bad --config.
     """
     from shardsched.scheduler.whatif import simulate as run_simulation
 

@@ -6,16 +6,23 @@ higher priority first, equal priority in input order), each seeing the placement
 the profile named by its ``schedulerName`` when the configuration has one, else the first profile;
 an unbound pod with a ``deletionTimestamp`` (or already terminal) is Skipped. Each pod gets one
 attempt: an unschedulable pod is a result, not retried.
+
+What a cluster would do differently is said in ``warnings``, never hidden: pods whose
+``schedulerName`` no profile has (kube-scheduler ignores them; here the first profile places them,
+one warning per schedulerName), a pod bound to a node that is not in the input (it counts on no
+node), and a bound pod that does not fit its node (the kubelet would reject it; here it counts on
+the node, as the API server stores it).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardsched.api.manifests import ManifestError, parse_nodes, parse_pods, read_manifests
 from shardsched.api.objects import PodInfo
-from shardsched.api.quantity import PODS
+from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration, load_config
 from shardsched.framework.runtime import Framework
@@ -72,22 +79,49 @@ def _skip_reason(pod: PodInfo) -> str | None:
     return None
 
 
+def _misfit(table: NodeTable, pod: PodInfo) -> str | None:
+    """Why the kubelet would refuse a pod bound to a node of ``table`` (the pod not counted yet), or
+    None: the first resource, by name, whose requests on the node, this pod's included, would exceed
+    the node's allocatable (kubelet's admission resource check)."""
+    alloc, used = table.allocatable_of(pod.node_name), table.requested_of(pod.node_name)
+    for r, want in sorted(pod.requests.items()):
+        if used.get(r, 0) + want > alloc.get(r, 0):
+            return (f"{r} requested {format_quantity(r, want)}, in use {format_quantity(r, used.get(r, 0))}, "
+                    f"allocatable {format_quantity(r, alloc.get(r, 0))}; the kubelet would reject it (OutOf{r})")
+    return None
+
+
 def simulate(paths: list[str | Path], config_path: str | Path | None = None, seed: int | None = 0) -> SimulationReport:
     """Run the simulation over manifest files (see module docstring).
+
+    ``seed`` breaks score ties and seeds the names generated for ``metadata.generateName``; the same
+    input and seed give the same report.
 
     Raises:
         ConfigError: the configuration file is invalid (nothing is simulated then).
     """
     config = load_config(config_path)
-    manifests = read_manifests(paths)
+    manifests = read_manifests(paths, seed)
     table = NodeTable()
     nodes = parse_nodes(manifests)
     table.add_nodes(nodes)
     pods = parse_pods(manifests)
     schedulers = build_schedulers(config, table, seed)
-    default = next(iter(schedulers.values()))
-    for _, pod in pods:
-        if pod.bound and not pod.terminal:
+    default_name = next(iter(schedulers))
+    default = schedulers[default_name]
+    report = SimulationReport(errors=manifests.in_input_order(), warnings=manifests.warnings)
+    for where, pod in pods:
+        if not pod.bound:
+            continue
+        if pod.node_name not in table.index:
+            report.warnings.append(
+                f"{where}: pod {pod.key} is bound to node {pod.node_name!r}, which is not in the input: it counts "
+                "on no node (in a cluster it would never run; the pod garbage collector deletes such pods)")
+        elif not pod.terminal:
+            misfit = _misfit(table, pod)
+            if misfit:
+                report.warnings.append(f"{where}: pod {pod.key} is bound to node {pod.node_name!r} but does not fit "
+                                       f"there: {misfit}; it is kept on the node, as the API server stores it")
             table.add_pod(PodUsage.of(pod), pod.node_name)
 
     queue_sort = default.framework.queue_sort
@@ -95,20 +129,27 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     if queue_sort is not None:
         pending.sort(key=lambda ip: queue_sort.sort_key(ip[1], float(ip[0]), ip[0]))
 
-    report = SimulationReport(errors=manifests.errors, warnings=manifests.warnings)
+    unknown_scheduler: Counter[str] = Counter()
     for _, pod in pending:
         requests = {k: v for k, v in pod.requests.items() if k != PODS}
         skip = _skip_reason(pod)
         if skip:
             report.pods.append(PodOutcome(pod.namespace, pod.name, None, SKIPPED, skip, requests))
             continue
-        sched = schedulers.get(pod.scheduler_name, default)
+        sched = schedulers.get(pod.scheduler_name)
+        if sched is None:
+            unknown_scheduler[pod.scheduler_name] += 1
+            sched = default
         result = sched.schedule(pod)
         if result.node is not None:
             report.pods.append(PodOutcome(pod.namespace, pod.name, result.node, SCHEDULED,
                                           f"Successfully assigned {pod.key} to {result.node}", requests))
         else:
             report.pods.append(PodOutcome(pod.namespace, pod.name, None, UNSCHEDULABLE, result.status.message, requests))
+    for name, count in unknown_scheduler.items():
+        report.warnings.append(
+            f"{count} pod(s) with schedulerName {name!r}, which no profile has: kube-scheduler would not schedule "
+            f"them (they would stay Pending); they were placed with the first profile, {default_name!r}")
     for node in nodes:
         report.nodes.append({"name": node.name, "allocatable": table.allocatable_of(node.name),
                              "requested": table.requested_of(node.name)})
