@@ -131,6 +131,35 @@ class Pod(dict):
         self.spec["resources"] = {"requests": dict(requests)}
         return self
 
+    def with_pod_affinity_term(self, kind: str = "podAntiAffinity", required: bool = True, app: str = "w") -> "Pod":
+        """A pod (anti-)affinity term (``kind``: podAffinity or podAntiAffinity) on pods labelled
+        ``app``, per hostname; required, or preferred with weight 10."""
+        t = {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}
+        terms = self.spec.setdefault("affinity", {}).setdefault(kind, {})
+        if required:
+            terms.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(t)
+        else:
+            terms.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+                {"weight": 10, "podAffinityTerm": t})
+        return self
+
+    def with_spread(self, when: str = "DoNotSchedule", app: str = "w") -> "Pod":
+        """A topology spread constraint over hostnames, ``whenUnsatisfiable: when``."""
+        self.spec.setdefault("topologySpreadConstraints", []).append(
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": when,
+             "labelSelector": {"matchLabels": {"app": app}}})
+        return self
+
+    def with_volume(self, name: str, **source: Any) -> "Pod":
+        """A volume: ``with_volume("data", persistentVolumeClaim={"claimName": "data"})``."""
+        self.spec.setdefault("volumes", []).append({"name": name, **source})
+        return self
+
+    def with_gates(self, *names: str) -> "Pod":
+        """``spec.schedulingGates`` with these names."""
+        self.spec.setdefault("schedulingGates", []).extend({"name": n} for n in names)
+        return self
+
     def on(self, node_name: str) -> "Pod":
         """Bound to ``node_name`` (``spec.nodeName``)."""
         self.spec["nodeName"] = node_name
@@ -211,6 +240,7 @@ def _fallback_profile() -> SimpleNamespace:
         },
         plugin_args={},
         percentage_of_nodes_to_score=None,
+        guarded_plugins=(),
     )
 
 

@@ -64,6 +64,7 @@ def score(prof) -> list[tuple[str, int]]:
 
 
 DEFAULT_NAMES = {
+    "preEnqueue": ["SchedulingGates"],
     "queueSort": ["PrioritySort"],
     "preFilter": ["NodeAffinity", "NodePorts", "NodeResourcesFit"],
     "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity", "NodePorts", "NodeResourcesFit"],
@@ -233,16 +234,17 @@ def test_report_file_adapted_keeps_default_prescore_like_kube():
     text = REPORT_FILE.replace("FastMatch", "NodeResourcesFit").replace("FastScore", "NodeResourcesFit")
     prof = parse_config(text).profiles[0]
     assert names(prof) == {
-        "queueSort": ["PrioritySort"], "filter": ["NodeResourcesFit"], "preScore": DEFAULT_NAMES["preScore"],
-        "score": ["NodeResourcesFit"], "bind": ["DefaultBinder"],
+        "preEnqueue": ["SchedulingGates"], "queueSort": ["PrioritySort"], "filter": ["NodeResourcesFit"],
+        "preScore": DEFAULT_NAMES["preScore"], "score": ["NodeResourcesFit"], "bind": ["DefaultBinder"],
     }
 
 
 def test_fast_scheduler_example_resolves_to_only_its_plugins():
     config = load_config(DEPLOY / "fast-scheduler.yaml")
     prof = config.profile_for("fast-scheduler")
-    assert names(prof) == {"preFilter": ["NodeResourcesFit"], "filter": ["NodeResourcesFit"],
-                           "score": ["NodeResourcesFit"], "bind": ["DefaultBinder"], "queueSort": ["PrioritySort"]}
+    assert names(prof) == {"preEnqueue": ["SchedulingGates"], "preFilter": ["NodeResourcesFit"],
+                           "filter": ["NodeResourcesFit"], "score": ["NodeResourcesFit"], "bind": ["DefaultBinder"],
+                           "queueSort": ["PrioritySort"]}
     assert score(prof) == [("NodeResourcesFit", 1)]
     assert list(prof.plugin_args) == ["NodeResourcesFit"]
     assert config.client_connection.kubeconfig == "/etc/kubernetes/scheduler.conf"
@@ -310,6 +312,26 @@ def test_merge_rules(plugins, expected, expected_score):
     for point, want in expected.items():
         assert got.get(point, []) == want, point
     assert score(prof) == expected_score
+
+
+ALL_GUARDED = ("VolumeBinding", "PodTopologySpread", "InterPodAffinity")
+GUARDED_CASES = [
+    ("kube-defaults", {}, ALL_GUARDED),
+    ("multipoint-disables-one", {"multiPoint": plugin_set(disabled=["InterPodAffinity"])},
+     ("VolumeBinding", "PodTopologySpread")),
+    ("filter-disables-one", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])},
+     ("VolumeBinding", "InterPodAffinity")),
+    ("score-disable-keeps-the-filter", {"score": plugin_set(disabled=["InterPodAffinity"])}, ALL_GUARDED),
+    ("filter-star", {"filter": plugin_set(["NodeResourcesFit"], ["*"])}, ()),
+    ("multipoint-star", {"multiPoint": plugin_set(["PrioritySort", "NodeResourcesFit", "DefaultBinder"], ["*"])}, ()),
+]
+
+
+@pytest.mark.parametrize("plugins, expected", [c[1:] for c in GUARDED_CASES], ids=[c[0] for c in GUARDED_CASES])
+def test_guarded_plugins_are_those_the_profile_leaves_enabled_at_filter(plugins, expected):
+    """Unimplemented default plugins whose constraints are refused rather than broken: enabled at
+    filter after kube's merge and multiPoint expansion, as upstream would run their Filter."""
+    assert parse(doc(profile(plugins=plugins))).profiles[0].guarded_plugins == expected
 
 
 @pytest.mark.parametrize("default, custom, expected", [

@@ -13,9 +13,13 @@ from builders import expr, node, pod, table_of, term
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import parse_plugin_args
+from shardsched.config.registry import GUARDED_PLUGIN_POINTS
+from shardsched.errors import InvalidObjectError
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import FilterPlugin
+from shardsched.framework.status import Code
 from shardsched.plugins.registry import REGISTRY
+from shardsched.plugins.unimplemented import plugin as unimplemented
 
 GI = 2**30
 MI = 2**20
@@ -496,3 +500,71 @@ def test_scalar_paths_agree_with_vectorized(nodes, placed, removed, want):
                 assert plugin.score_slot(state, p, table, slot) == int(everything[slot]) == int(picked[k]), \
                     (plugin.name, slot)
                 assert 0 <= picked[k] <= 100
+
+
+# --------------------------------------------------------------------------- SchedulingGates
+@pytest.mark.parametrize("p, message", [
+    (pod(), None),
+    (pod().with_gates("example.com/quota"), "waiting for scheduling gates: [example.com/quota]"),
+    (pod().with_gates("b", "a"), "waiting for scheduling gates: [b a]"),
+], ids=["no-gates", "one-gate", "gates-in-order"])
+def test_scheduling_gates_pre_enqueue(p, message):
+    """kube's SchedulingGates: UnschedulableAndUnresolvable while any gate is left, its names in order."""
+    st = make("SchedulingGates").pre_enqueue(p.info())
+    if message is None:
+        assert st.is_success()
+    else:
+        assert (st.code, st.message) == (Code.UNSCHEDULABLE_AND_UNRESOLVABLE, message)
+
+
+# ------------------------------------------------------------ stand-ins of unimplemented plugins
+IPA, PTS, VB = "InterPodAffinity", "PodTopologySpread", "VolumeBinding"
+
+
+@pytest.mark.parametrize("plugin, p, what", [
+    (IPA, pod(), None),
+    (IPA, pod().with_pod_affinity_term("podAntiAffinity"), "required pod anti-affinity"),
+    (IPA, pod().with_pod_affinity_term("podAffinity"), "required pod affinity"),
+    (IPA, pod().with_pod_affinity_term("podAffinity").with_pod_affinity_term("podAntiAffinity"),
+     "required pod affinity and pod anti-affinity"),
+    (IPA, pod().with_pod_affinity_term("podAntiAffinity", required=False), None),
+    (PTS, pod().with_spread("DoNotSchedule"), "topology spread constraints with whenUnsatisfiable DoNotSchedule"),
+    (PTS, pod().with_spread("ScheduleAnyway"), None),
+    (PTS, pod().with_spread("ScheduleAnyway").with_spread("DoNotSchedule"),
+     "topology spread constraints with whenUnsatisfiable DoNotSchedule"),
+    (VB, pod().with_volume("data", persistentVolumeClaim={"claimName": "data"}),
+     "volumes that need volume binding (data)"),
+    (VB, pod().with_volume("tmp", emptyDir={}).with_volume("scratch", ephemeral={"volumeClaimTemplate": {}}),
+     "volumes that need volume binding (scratch)"),
+    (VB, pod().with_volume("tmp", emptyDir={}).with_volume("cfg", configMap={"name": "cfg"}), None),
+], ids=["ipa-none", "ipa-anti", "ipa-affinity", "ipa-both", "ipa-preferred-only", "pts-hard", "pts-soft",
+        "pts-soft-and-hard", "vb-pvc", "vb-ephemeral", "vb-emptydir-configmap"])
+def test_stand_ins_refuse_what_they_cannot_check(plugin, p, what):
+    """Required terms are refused (UnschedulableAndUnresolvable, saying what and which plugin);
+    preferred ones and pods without the constraint pass (Skip)."""
+    st = unimplemented.new(plugin).pre_filter(CycleState(), p.info(), table_of(node("n1")))
+    if what is None:
+        assert st.is_skip()
+    else:
+        assert (st.code, st.plugin) == (Code.UNSCHEDULABLE_AND_UNRESOLVABLE, plugin)
+        assert st.message == f"pod has {what}, which shardsched does not implement (plugin {plugin})"
+
+
+def test_stand_ins_cover_the_guarded_plugins():
+    assert unimplemented.NAMES == tuple(GUARDED_PLUGIN_POINTS)
+
+
+@pytest.mark.parametrize("path, spec, where", [
+    ("spread", {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k"}]},
+     "spec.topologySpreadConstraints[0].whenUnsatisfiable"),
+    ("gates", {"schedulingGates": [{}]}, "spec.schedulingGates[0].name"),
+    ("volumes", {"volumes": {"name": "x"}}, "spec.volumes"),
+    ("anti", {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"),
+], ids=["spread-without-when", "gate-without-name", "volumes-not-a-list", "required-not-a-list"])
+def test_malformed_constraint_fields_are_named(path, spec, where):
+    p = pod()
+    p.spec.update(spec)
+    with pytest.raises(InvalidObjectError) as e:
+        p.info()
+    assert where in str(e.value)

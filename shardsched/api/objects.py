@@ -19,6 +19,7 @@ from shardsched.api.requests import nonzero_requests, pod_requests
 from shardsched.errors import InvalidObjectError
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 #: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass
@@ -271,6 +272,72 @@ def _tolerations(items: Any) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
+def _scheduling_gates(items: Any) -> tuple[str, ...]:
+    """Names of ``spec.schedulingGates``, in order."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("schedulingGates must be a list", "spec.schedulingGates")
+    out = []
+    for i, gate in enumerate(items):
+        name = gate.get("name") if isinstance(gate, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidObjectError("a scheduling gate needs a name", f"spec.schedulingGates[{i}].name")
+        out.append(name)
+    return tuple(out)
+
+
+def _has_required_pod_terms(affinity: Mapping[str, Any], kind: str) -> bool:
+    """True if ``spec.affinity.<kind>`` (podAffinity or podAntiAffinity) has required terms."""
+    base = f"spec.affinity.{kind}"
+    obj = affinity.get(kind)
+    if obj is None:
+        return False
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError(f"{kind} must be an object", base)
+    required = obj.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return False
+    if not isinstance(required, list):
+        raise InvalidObjectError("must be a list", f"{base}.requiredDuringSchedulingIgnoredDuringExecution")
+    return bool(required)
+
+
+def _has_hard_spread(items: Any) -> bool:
+    """True if a ``spec.topologySpreadConstraints`` entry has ``whenUnsatisfiable: DoNotSchedule``."""
+    if items is None:
+        return False
+    if not isinstance(items, list):
+        raise InvalidObjectError("topologySpreadConstraints must be a list", "spec.topologySpreadConstraints")
+    hard = False
+    for i, c in enumerate(items):
+        path = f"spec.topologySpreadConstraints[{i}]"
+        if not isinstance(c, Mapping):
+            raise InvalidObjectError("constraint must be an object", path)
+        when = c.get("whenUnsatisfiable")
+        if when not in WHEN_UNSATISFIABLE:
+            raise InvalidObjectError(f"whenUnsatisfiable {when!r} is not one of {', '.join(WHEN_UNSATISFIABLE)}",
+                                     f"{path}.whenUnsatisfiable")
+        hard = hard or when == "DoNotSchedule"
+    return hard
+
+
+def _claim_volumes(items: Any) -> tuple[str, ...]:
+    """Names of the volumes that need volume binding: ``persistentVolumeClaim`` and ``ephemeral``
+    ones (upstream VolumeBinding's ``podHasPVCs``)."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("volumes must be a list", "spec.volumes")
+    out = []
+    for i, v in enumerate(items):
+        if not isinstance(v, Mapping):
+            raise InvalidObjectError("volume must be an object", f"spec.volumes[{i}]")
+        if v.get("persistentVolumeClaim") is not None or v.get("ephemeral") is not None:
+            out.append(str(v.get("name") or f"volumes[{i}]"))
+    return tuple(out)
+
+
 @dataclass(slots=True)
 class PodInfo:
     """Scheduling view of a Pod (kube's ``PodInfo``), all units canonical.
@@ -279,6 +346,14 @@ class PodInfo:
         requests: effective requests for filtering and accounting (`pod_requests`), including
             ``pods: 1``.
         nonzero_cpu_milli / nonzero_memory_bytes: requests for scoring (kube's non-zero defaults).
+        scheduling_gates: names in ``spec.schedulingGates``; while there is one the pod is not
+            queued (SchedulingGates' PreEnqueue).
+        required_pod_affinity / required_pod_anti_affinity: the pod has
+            ``requiredDuringSchedulingIgnoredDuringExecution`` pod (anti-)affinity terms.
+        hard_topology_spread: the pod has a topology spread constraint with
+            ``whenUnsatisfiable: DoNotSchedule``.
+        claim_volumes: names of its volumes that need volume binding (``persistentVolumeClaim``,
+            ``ephemeral``).
         signature: hash of everything that decides where the pod can go and how nodes score for it;
             pods with the same signature share cached Filter/Score results.
     """
@@ -299,6 +374,11 @@ class PodInfo:
     preferred_terms: tuple[tuple[int, SelectorTerm], ...]
     tolerations: tuple[Toleration, ...]
     host_ports: tuple[ContainerPort, ...]
+    scheduling_gates: tuple[str, ...]
+    required_pod_affinity: bool
+    required_pod_anti_affinity: bool
+    hard_topology_spread: bool
+    claim_volumes: tuple[str, ...]
     labels: dict[str, str]
     creation_timestamp: str
     signature: str = ""
@@ -384,6 +464,11 @@ class PodInfo:
             preferred_terms=preferred,
             tolerations=_tolerations(spec.get("tolerations")),
             host_ports=_ports(spec),
+            scheduling_gates=_scheduling_gates(spec.get("schedulingGates")),
+            required_pod_affinity=_has_required_pod_terms(affinity, "podAffinity"),
+            required_pod_anti_affinity=_has_required_pod_terms(affinity, "podAntiAffinity"),
+            hard_topology_spread=_has_hard_spread(spec.get("topologySpreadConstraints")),
+            claim_volumes=_claim_volumes(spec.get("volumes")),
             labels=_str_map(meta.get("labels"), "metadata.labels"),
             creation_timestamp=str(meta.get("creationTimestamp") or ""),
             obj=obj,
@@ -393,7 +478,8 @@ class PodInfo:
 
     def compute_signature(self) -> str:
         """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
-        and ``spec.nodeName`` (the NodeName filter depends on it)."""
+        ``spec.nodeName`` (the NodeName filter depends on it), and what the checks for the
+        constraints of unimplemented plugins and the scheduling gates read."""
         parts = (
             self.node_name,
             sorted(self.requests.items()),
@@ -405,6 +491,11 @@ class PodInfo:
             sorted((t.key, t.operator, t.value, t.effect) for t in self.tolerations),
             sorted((p.host_ip, p.protocol, p.port) for p in self.host_ports),
             self.scheduler_name,
+            self.scheduling_gates,
+            self.required_pod_affinity,
+            self.required_pod_anti_affinity,
+            self.hard_topology_spread,
+            self.claim_volumes,
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from shardsched.config.args import ARGS_TYPES, PluginArgs, validate_plugin_args
 from shardsched.config.base import Loc, error_lines, render_path
-from shardsched.config.merge import PluginSet, resolve_plugins
+from shardsched.config.merge import PluginSet, guarded_plugins, resolve_plugins
 from shardsched.config.registry import (
     API_VERSION, DEFAULT_SCHEDULER_NAME, DEPRECATED_API_VERSIONS, KIND,
     MULTI_POINT, PLUGIN_POINTS, UNIMPLEMENTED_PLUGINS, PluginRef, unsupported_plugin_message,
@@ -201,7 +201,7 @@ def _profile(spec: ProfileSpec, name: str, loc: Loc, percentage: int | None) -> 
             plugin_args[plugin] = args_type()
     if spec.percentage_of_nodes_to_score is not None:
         percentage = spec.percentage_of_nodes_to_score
-    return Profile(name, plugins, plugin_args, percentage), problems
+    return Profile(name, plugins, plugin_args, percentage, guarded_plugins(sets)), problems
 
 
 def _check_enabled(point: str, entries: list[PluginEntry], loc: Loc) -> Problems:

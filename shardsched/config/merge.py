@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from shardsched.config.registry import (
-    DEFAULT_MULTI_POINT, EXTENSION_POINTS, MULTI_POINT, PLUGIN_POINTS, SCORE, PluginRef,
+    DEFAULT_MULTI_POINT, EXTENSION_POINTS, GUARDED_PLUGIN_POINTS, MULTI_POINT, PLUGIN_POINTS, SCORE, PluginRef,
 )
+
+FILTER = "filter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +61,17 @@ def merge_plugin_set(default: PluginSet, custom: PluginSet) -> PluginSet:
     return PluginSet(tuple(enabled), disabled)
 
 
-def expand_point(point: str, point_set: PluginSet, multi_point: tuple[PluginRef, ...]) -> list[str]:
-    """Plugin names at ``point``, in order, as upstream ``expandMultiPointPlugins``."""
+def expand_point(point: str, point_set: PluginSet, multi_point: tuple[PluginRef, ...],
+                 plugin_points: Mapping[str, tuple[str, ...]] = PLUGIN_POINTS) -> list[str]:
+    """Plugin names at ``point``, in order, as upstream ``expandMultiPointPlugins``;
+    ``plugin_points`` gives the points each ``multi_point`` plugin implements."""
     explicit = [p.name for p in point_set.enabled]
     if "*" in point_set.disabled:
         return explicit
     overrides: set[str] = set()
     from_multi: list[str] = []
     for plugin in multi_point:
-        if point not in PLUGIN_POINTS[plugin.name] or plugin.name in point_set.disabled:
+        if point not in plugin_points[plugin.name] or plugin.name in point_set.disabled:
             continue
         if plugin.name in explicit:
             overrides.add(plugin.name)
@@ -106,3 +110,20 @@ def resolve_plugins(custom: Mapping[str, PluginSet]) -> dict[str, list[PluginRef
             weights = score_weights(point_set.enabled, multi_point) if point == SCORE else {}
             out[point] = [PluginRef(n, weights.get(n, 0)) for n in names]
     return out
+
+
+def guarded_plugins(custom: Mapping[str, PluginSet]) -> tuple[str, ...]:
+    """The plugins of `GUARDED_PLUGIN_POINTS` that a profile leaves enabled at ``filter``, in
+    kube's default order: the same merge and expansion as `resolve_plugins`, over kube's defaults
+    that shardsched does not implement (so ``disabled`` by name or ``"*"`` at ``multiPoint`` or
+    ``filter`` turns one off).
+
+    Args:
+        custom: the profile's sets by point name, as for `resolve_plugins`.
+    """
+    empty = PluginSet()
+    defaults = PluginSet(tuple(PluginRef(name) for name in GUARDED_PLUGIN_POINTS))
+    multi_point = merge_plugin_set(defaults, custom.get(MULTI_POINT, empty)).enabled
+    at_filter = expand_point(FILTER, custom.get(FILTER, empty), multi_point,
+                             {**PLUGIN_POINTS, **GUARDED_PLUGIN_POINTS})
+    return tuple(name for name in at_filter if name in GUARDED_PLUGIN_POINTS)

@@ -28,6 +28,7 @@ SCORE = "score"
 
 #: Which extension points each supported plugin implements (as the Go types of kube v1.28 do).
 PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
+    "SchedulingGates": ("preEnqueue",),
     "PrioritySort": ("queueSort",),
     "NodeUnschedulable": ("filter",),
     "NodeName": ("filter",),
@@ -46,8 +47,21 @@ SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 UNIMPLEMENTED_PLUGINS = frozenset({
     "ImageLocality", "PodTopologySpread", "InterPodAffinity", "VolumeBinding", "VolumeRestrictions",
     "VolumeZone", "NodeVolumeLimits", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
-    "DefaultPreemption", "SchedulingGates", "DynamicResources",
+    "DefaultPreemption", "DynamicResources",
 })
+
+#: Plugins of kube v1.28's default set that shardsched does not implement but whose hard
+#: constraints it keeps, and the extension points of their Go types. While a profile leaves one
+#: enabled at ``filter`` (kube's default does), a pod that needs it (required pod affinity or
+#: anti-affinity; a DoNotSchedule spread constraint; a volume to bind) is rejected as
+#: UnschedulableAndUnresolvable by a stand-in PreFilter (`shardsched.plugins.unimplemented`) rather
+#: than placed in breach. A profile that disables it (by name or ``"*"``, at ``multiPoint`` or
+#: ``filter``) schedules such pods without the constraint, as kube-scheduler does then.
+GUARDED_PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
+    "VolumeBinding": ("preFilter", "filter", "reserve", "preBind", "preScore", "score"),
+    "PodTopologySpread": ("preFilter", "filter", "preScore", "score"),
+    "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,7 @@ class PluginRef:
 
 #: kube v1.28's default ``multiPoint`` list, restricted to the supported plugins.
 DEFAULT_MULTI_POINT: tuple[PluginRef, ...] = (
+    PluginRef("SchedulingGates"),
     PluginRef("PrioritySort"),
     PluginRef("NodeUnschedulable"),
     PluginRef("NodeName"),

@@ -26,12 +26,17 @@ class Profile:
             configuration's: None (unset) = every feasible node is scored (shardsched's default:
             vectorized scoring costs less than kube's search cut-off and places better); 0 = kube's
             adaptive rule (50% minus 1% per 125 nodes, at least 5%); 1..100 = that percentage.
+        guarded_plugins: kube's default Filter plugins that shardsched does not implement and this
+            profile leaves enabled (`shardsched.config.registry.GUARDED_PLUGIN_POINTS`, in kube's
+            order): a pod that needs one is rejected as UnschedulableAndUnresolvable, never placed
+            in breach of its constraint.
     """
 
     scheduler_name: str
     plugins: dict[str, list[PluginRef]]
     plugin_args: dict[str, PluginArgs]
     percentage_of_nodes_to_score: int | None
+    guarded_plugins: tuple[str, ...]
 
     def enabled(self, point: str) -> list[PluginRef]:
         """The plugins at extension ``point``, in order (empty if none).

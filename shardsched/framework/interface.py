@@ -1,7 +1,7 @@
 """The vectorized plugin interfaces of shardsched's scheduling framework.
 
-These follow kube-scheduler's extension points (QueueSort, PreFilter, Filter, PreScore, Score,
-NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers many nodes
+These follow kube-scheduler's extension points (PreEnqueue, QueueSort, PreFilter, Filter, PreScore,
+Score, NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers many nodes
 at once. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots ``slice(0, table.n)``) or an
 int array of slots (to recompute only the nodes that changed since a cached result).
 
@@ -43,19 +43,29 @@ class Plugin:
     name: ClassVar[str] = ""
 
 
+class PreEnqueuePlugin(Plugin):
+    def pre_enqueue(self, pod: PodInfo) -> Status:
+        """Success if the pod may enter the scheduling queue now; otherwise it waits (gated) until
+        an update of the pod lets every PreEnqueue plugin pass (upstream ``PreEnqueue``)."""
+        raise NotImplementedError
+
+
+class PreFilterPlugin(Plugin):
+    def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        """Compute per-pod data once. Return Skip when Filter has nothing to check for this pod; a
+        rejection (Unschedulable, UnschedulableAndUnresolvable) rejects the pod on every node."""
+        return Status.success()
+
+
 class QueueSortPlugin(Plugin):
     def sort_key(self, pod: PodInfo, timestamp: float, seq: int) -> tuple:
         """Ordering key; smaller pops first."""
         raise NotImplementedError
 
 
-class FilterPlugin(Plugin):
+class FilterPlugin(PreFilterPlugin):
     #: True if the result depends only on static node attributes (see module docstring)
     static: ClassVar[bool] = True
-
-    def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
-        """Compute per-pod data once. Return Skip when Filter has nothing to check for this pod."""
-        return Status.success()
 
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         """bool array over idx: True where the node passes."""

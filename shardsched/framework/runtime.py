@@ -10,9 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shardsched.api.objects import PodInfo
 from shardsched.errors import ConfigError, InvalidObjectError
-from shardsched.framework.interface import BindPlugin, FilterPlugin, Plugin, QueueSortPlugin, ScorePlugin
+from shardsched.framework.interface import (BindPlugin, FilterPlugin, Plugin, PreEnqueuePlugin, PreFilterPlugin,
+                                            QueueSortPlugin, ScorePlugin)
+from shardsched.framework.status import Status
 from shardsched.plugins.registry import REGISTRY
+from shardsched.plugins.unimplemented import plugin as unimplemented
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,12 @@ class Framework:
     """The plugins of one profile (kube's ``frameworkImpl``).
 
     Attributes:
+        pre_enqueue_plugins: PreEnqueue plugins in profile order (`run_pre_enqueue_plugins`).
         filter_plugins: Filter plugins in profile order (their PreFilter runs when enabled at preFilter
             or, for plugins whose Filter needs it, always: shardsched's plugins compute per-pod data there).
+        pre_filter_plugins: the PreFilter of every Filter plugin, then the stand-ins of the profile's
+            ``guarded_plugins`` (`shardsched.plugins.unimplemented`), in kube's order; the scheduler
+            runs them in this order and stops at the first rejection.
         score_plugins: Score plugins with weights.
         percentage_of_nodes_to_score: None = score every feasible node; 0 = kube's adaptive rule;
             1..100 = that percentage (kube's ``percentageOfNodesToScore``).
@@ -49,10 +57,14 @@ class Framework:
             return instances[name]
 
         points = profile.plugins
+        self.pre_enqueue_plugins: list[PreEnqueuePlugin] = [
+            p for p in (get(r.name) for r in points.get("preEnqueue", ())) if isinstance(p, PreEnqueuePlugin)]
         self.queue_sort: QueueSortPlugin | None = next(
             (p for p in (get(r.name) for r in points.get("queueSort", ())) if isinstance(p, QueueSortPlugin)), None)
         self.filter_plugins: list[FilterPlugin] = [
             p for p in (get(r.name) for r in points.get("filter", ())) if isinstance(p, FilterPlugin)]
+        self.pre_filter_plugins: list[PreFilterPlugin] = [
+            *self.filter_plugins, *(unimplemented.new(name) for name in profile.guarded_plugins)]
         self.score_plugins: list[WeightedScore] = [
             WeightedScore(p, int(r.weight or 1)) for r, p in ((r, get(r.name)) for r in points.get("score", ()))
             if isinstance(p, ScorePlugin)]
@@ -62,8 +74,22 @@ class Framework:
         self.percentage_of_nodes_to_score: int | None = pct if pct is not None else global_percentage
         self.plugins = instances
 
+    def run_pre_enqueue_plugins(self, pod: PodInfo) -> Status:
+        """Whether ``pod`` may enter the scheduling queue (upstream ``RunPreEnqueuePlugins``):
+        Success, or the first plugin's rejection with that plugin's name in ``Status.plugin``."""
+        for p in self.pre_enqueue_plugins:
+            st = p.pre_enqueue(pod)
+            if not st.is_success():
+                return Status(st.code, st.reasons, p.name)
+        return Status.success()
+
     def plugin_names(self, point: str) -> list[str]:
-        """Names of the plugins enabled at an extension point, in order (for inspection and docs)."""
+        """Names of the plugins enabled at an extension point, in order (for inspection and docs);
+        ``preFilter`` includes the stand-ins of unimplemented plugins."""
+        if point == "preEnqueue":
+            return [p.name for p in self.pre_enqueue_plugins]
+        if point == "preFilter":
+            return [p.name for p in self.pre_filter_plugins]
         if point == "filter":
             return [p.name for p in self.filter_plugins]
         if point == "score":

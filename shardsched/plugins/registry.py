@@ -17,11 +17,13 @@ from shardsched.plugins.nodeports import plugin as nodeports
 from shardsched.plugins.noderesources import balanced_allocation, fit
 from shardsched.plugins.nodeunschedulable import plugin as nodeunschedulable
 from shardsched.plugins.queuesort import plugin as queuesort
+from shardsched.plugins.schedulinggates import plugin as schedulinggates
 from shardsched.plugins.tainttoleration import plugin as tainttoleration
 
 Factory = Callable[[Any], Plugin]
 
 REGISTRY: dict[str, Factory] = {
+    schedulinggates.NAME: schedulinggates.new,
     queuesort.NAME: queuesort.new,
     nodeunschedulable.NAME: nodeunschedulable.new,
     nodename.NAME: nodename.new,
@@ -35,6 +37,7 @@ REGISTRY: dict[str, Factory] = {
 
 #: extension points implemented by each plugin (kube's names)
 EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
+    schedulinggates.NAME: ("preEnqueue",),
     queuesort.NAME: ("queueSort",),
     nodeunschedulable.NAME: ("filter",),
     nodename.NAME: ("filter",),

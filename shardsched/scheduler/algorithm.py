@@ -177,14 +177,15 @@ class GenericScheduler:
         state = CycleState()
         everything = slice(0, n)
         fstatic, fdyn, rejected = [], [], None
-        for f in fw.filter_plugins:
+        for f in fw.pre_filter_plugins:
             st = f.pre_filter(state, pod, table)
             if st.is_skip():
                 continue
             if not st.is_success():
                 rejected = Status(st.code, st.reasons, f.name)
                 break
-            (fstatic if f.static else fdyn).append(f)
+            if isinstance(f, FilterPlugin):
+                (fstatic if f.static else fdyn).append(f)
         static_ok = table.valid[:n].copy()
         dyn_ok = np.ones(n, bool)
         if rejected is None:
@@ -295,10 +296,13 @@ class GenericScheduler:
 
     # ------------------------------------------------------------------ failure path
     def _prefilter_status(self, st: Status) -> Status:
+        """A PreFilter rejection as kube's FitError words it: ``0/N nodes are available: <the
+        PreFilter's message>.``, without a per-node count (every node has the same status);
+        ``extra`` as `_diagnose`'s."""
         n = self.table.num_nodes
         reasons = {r: n for r in st.reasons} or {f"{st.plugin} rejected the pod": n}
-        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (fit_error_message(n, reasons),), st.plugin,
-                      {"reasons": reasons, "nodes": n})
+        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (f"0/{n} nodes are available: {', '.join(reasons)}.",),
+                      st.plugin, {"reasons": reasons, "nodes": n})
 
     def _diagnose(self, pod: PodInfo, state: CycleState, entry: _Entry) -> Status:
         """Which plugin rejected each node, first failing plugin per node in profile order (as kube,
