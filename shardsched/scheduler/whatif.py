@@ -4,8 +4,10 @@ The contract (and what the acceptance cases check): pods with ``spec.nodeName`` 
 and count on their node unless Succeeded/Failed; unbound pods are placed in queue order (PrioritySort:
 higher priority first, equal priority in input order), each seeing the placements before it, with
 the profile named by its ``schedulerName`` when the configuration has one, else the first profile;
-an unbound pod with a ``deletionTimestamp`` (or already terminal) is Skipped. Each pod gets one
-attempt: an unschedulable pod is a result, not retried.
+an unbound pod with a ``deletionTimestamp`` (or already terminal) is Skipped; one that its profile's
+PreEnqueue plugins keep out of the queue (SchedulingGates: ``spec.schedulingGates`` is not empty)
+is Gated, with the plugin's message, and not placed. Each pod gets one attempt: an unschedulable
+pod is a result, not retried.
 
 What a cluster would do differently is said in ``warnings``, never hidden: pods whose
 ``schedulerName`` no profile has (kube-scheduler ignores them; here the first profile places them,
@@ -28,7 +30,7 @@ from shardsched.config import SchedulerConfiguration, load_config
 from shardsched.framework.runtime import Framework
 from shardsched.scheduler.algorithm import GenericScheduler
 
-SCHEDULED, UNSCHEDULABLE, SKIPPED = "Scheduled", "Unschedulable", "Skipped"
+SCHEDULED, UNSCHEDULABLE, SKIPPED, GATED = "Scheduled", "Unschedulable", "Skipped", "Gated"
 
 
 @dataclass
@@ -140,6 +142,10 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
         if sched is None:
             unknown_scheduler[pod.scheduler_name] += 1
             sched = default
+        gate = sched.framework.run_pre_enqueue_plugins(pod)
+        if not gate.is_success():
+            report.pods.append(PodOutcome(pod.namespace, pod.name, None, GATED, gate.message, requests))
+            continue
         result = sched.schedule(pod)
         if result.node is not None:
             report.pods.append(PodOutcome(pod.namespace, pod.name, result.node, SCHEDULED,
