@@ -31,9 +31,10 @@ CONFIG = load_config(CONFIG_TEXT)
 class World:
     """A coordinator and its shards, all plain objects; shards are stepped by `settle`."""
 
-    def __init__(self, ledger, n_nodes: int = 4, shards: int = 2, config=CONFIG) -> None:
+    def __init__(self, ledger, n_nodes: int = 4, shards: int = 2, config=CONFIG,
+                 cluster: SimCluster | None = None) -> None:
         self.config = config
-        self.cluster = SimCluster(seed=0)
+        self.cluster = cluster or SimCluster(seed=0)
         self.cluster.create_nodes(uniform_nodes(n_nodes, cpu="4"))
         self.shards: dict[int, Shard] = {}
         self.coordinator = Coordinator(config, ledger, Remote(self.cluster), self._new_shard, shards)
@@ -94,6 +95,48 @@ def test_a_pod_created_and_bound_by_someone_else_between_two_polls_is_not_routed
     world.settle()
     inv = world.cluster.invariants()
     assert inv["pods_bound"] == 2 and inv["bind_conflicts"] == 0
+
+
+class ConditionCountingCluster(SimCluster):
+    """The simulated cluster, counting the condition writes it receives per (pod, reason)."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.condition_writes: Counter = Counter()
+
+    def set_pod_condition(self, namespace, name, condition, resource_version=None):
+        self.condition_writes[(name, condition.get("reason"))] += 1
+        return super().set_pod_condition(namespace, name, condition, resource_version)
+
+
+def test_a_gated_pod_waits_outside_the_queues_until_its_last_gate_is_removed(ledger):
+    """SchedulingGates' PreEnqueue: the gated pod is not routed (no attempt, no FailedScheduling),
+    it gets PodScheduled=False, reason SchedulingGated, once (not at its later updates), and is
+    routed and bound when an update removes its last gate."""
+    world = World(ledger, cluster=ConditionCountingCluster())
+    gated, free = uniform_pods(2, cpu="1", scheduler_name="shardsched")
+    gated["spec"]["schedulingGates"] = [{"name": "a"}, {"name": "b"}]
+    world.cluster.create_pods([gated, free])
+    world.settle()
+    gauge = world.coordinator.metrics.pending_pods.labels("gated")
+
+    status = world.coordinator.status()
+    assert (status["gated"], status["pending"], status["unschedulable"]) == (1, 0, 0)
+    assert world.in_shards() == set() and gauge._value.get() == 1
+    assert world.cluster.invariants()["pods_unbound"] == ["default/pod-00000"]
+    [cond] = world.cluster.get_pod("default", "pod-00000")["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("PodScheduled", "False", "SchedulingGated")
+
+    world.cluster.remove_scheduling_gates("default", "pod-00000", ["a"])  # one gate left
+    world.settle()
+    assert world.coordinator.status()["gated"] == 1
+    assert world.cluster.condition_writes == {("pod-00000", "SchedulingGated"): 1}
+
+    world.cluster.remove_scheduling_gates("default", "pod-00000")
+    world.settle()
+    assert world.cluster.get_pod("default", "pod-00000")["spec"].get("nodeName")
+    assert world.coordinator.status()["gated"] == 0 and gauge._value.get() == 0
+    assert not [e for e in world.cluster.events_for("default", "pod-00000") if e["reason"] == "FailedScheduling"]
 
 
 @pytest.mark.parametrize("bound_first", [True, False], ids=["watch-first", "handoff-first"])

@@ -24,7 +24,7 @@ import pytest
 
 from shardsched.config import parse_config
 from shardsched.kube import envtest
-from shardsched.kube.client import Api, ClientSpec
+from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.runtime import THREADS, KubeRuntime, RuntimeOptions
 from shardsched.kube.simapi import SimApiServer
@@ -78,6 +78,7 @@ class Backend:
     def delete_node(self, name: str) -> None: ...
     def get_pod(self, ns: str, name: str) -> dict: ...
     def rival_bind(self, ns: str, name: str, node_name: str) -> int: ...
+    def remove_gates(self, ns: str, name: str) -> None: ...
     def events(self, ns: str, name: str) -> list[tuple[str, str]]: ...
     def cut_watches(self) -> None: ...
     def lists(self) -> int: return 0
@@ -96,6 +97,7 @@ class SimBackend(Backend):
     def delete_node(self, name): self.sim.delete_node(name)
     def get_pod(self, ns, name): return self.sim.get_pod(ns, name)
     def rival_bind(self, ns, name, node_name): return self.sim.bind_many([(ns, name, node_name)])[0].code
+    def remove_gates(self, ns, name): self.sim.remove_scheduling_gates(ns, name)
     def events(self, ns, name): return [(e["reason"], e["message"]) for e in self.sim.events_for(ns, name)]
     def cut_watches(self): pass
 
@@ -162,6 +164,10 @@ class EnvtestBackend(Backend):
             return 201
         except ApiError as e:
             return e.code
+
+    def remove_gates(self, ns, name):
+        self.admin.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}", verb="patch", resource="pods",
+                           body={"spec": {"schedulingGates": None}}, content_type=MERGE_PATCH)
 
     def events(self, ns, name):
         items = self.admin.request("GET", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", verb="list",
@@ -273,6 +279,32 @@ def test_unschedulable_pod_gets_event_and_condition(backend, run_scheduler):
     flush(backend)
     wait_for(lambda: any(r == "FailedScheduling" for r, _ in backend.events("default", "huge")), 10, "event")
     assert any(m == c["message"] for r, m in backend.events("default", "huge") if r == "FailedScheduling")
+
+
+def test_gated_pod_waits_until_its_gates_are_removed(backend, run_scheduler):
+    """SchedulingGates: a gated pod is neither bound nor attempted (no FailedScheduling, not counted
+    unschedulable) and has PodScheduled=False, reason SchedulingGated (kube's API server sets it at
+    creation; shardsched writes it when the pod arrives without it); once an update removes its
+    gates it is queued and bound."""
+    backend.create_nodes([a_node("n0")])
+    gated = our_pod("gated")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}, {"name": "example.com/ready"}]
+    backend.create_pods([gated, our_pod("free")])
+    rt = run_scheduler()
+    wait_for(lambda: bool(node_of(backend, "free")), what="the ungated pod bound")
+    wait_for(lambda: pod_scheduled(backend, "gated") is not None, what="PodScheduled condition of the gated pod")
+    c = pod_scheduled(backend, "gated")
+    assert (c["status"], c["reason"], c["message"]) == (
+        "False", "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates")
+    status = rt.status()
+    assert (status["gated"], status["pending"], status["unschedulable"]) == (1, 0, 0)
+    assert node_of(backend, "gated") == ""
+    flush(backend)
+    assert not [m for r, m in backend.events("default", "gated") if r == "FailedScheduling"]
+
+    backend.remove_gates("default", "gated")
+    wait_for(lambda: bool(node_of(backend, "gated")), what="the pod bound once its gates are removed")
+    assert rt.status()["gated"] == 0
 
 
 def test_pods_bound_by_a_rival_count_and_nothing_is_overcommitted(backend, run_scheduler):

@@ -429,7 +429,8 @@ class SchedulingQueue:
 
     def pending_counts(self) -> dict[str, int]:
         """Pods per sub-queue, kube's ``scheduler_pending_pods`` labels; in-flight pods are not counted
-        and nothing is gated here (no PreEnqueue plugins)."""
+        and nothing is gated here (the coordinator runs the PreEnqueue plugins before it routes a
+        pod to a shard, and holds the gated pods itself)."""
         with self._lock:
             return {ACTIVE_Q: len(self._active), BACKOFF_Q: len(self._backoff),
                     UNSCHEDULABLE_Q: len(self._unschedulable), GATED: 0}

@@ -5,7 +5,10 @@ It consumes the cluster's watch (list, then events from the list's resourceVersi
 - nodes are assigned to shards by rendezvous hashing with bounded loads (even shards; a relist
   keeps the owners of the nodes still there); the shard map is published in the Redis
   ledger with an epoch (the reserve script fences off a shard that no longer owns a node);
-- pending pods whose ``schedulerName`` is one of the profiles are routed to a shard owning nodes
+- pending pods whose ``schedulerName`` is one of the profiles pass their profile's PreEnqueue plugins
+  first (`_pre_enqueue`): a pod with ``spec.schedulingGates`` waits here, gated (not routed, no
+  attempt, no FailedScheduling Event), until an update removes its last gate;
+- pending pods that may be queued are routed to a shard owning nodes
   where they fit (label- and capacity-aware, from the coordinator's own NodeTable of the whole
   cluster): to the shard whose emptiest nodes stay emptiest once the pods already routed to it
   are placed (`_Room`), so that pods spread over all nodes as LeastAllocated spreads them; for a
@@ -53,7 +56,7 @@ from shardsched.metrics import ShardMetrics
 from shardsched.plugins.noderesources.fit import MOST_ALLOCATED, REQUESTED_TO_CAPACITY_RATIO, NodeResourcesFit
 from shardsched.scheduler.algorithm import GenericScheduler, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
-from shardsched.queue import QueuedPodInfo
+from shardsched.queue import GATED, QueuedPodInfo
 from shardsched.sharding.hashing import assign, moved_fraction
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
 from shardsched.sharding.remote import Remote, RemoteDead, RemoteUnavailable
@@ -69,6 +72,11 @@ WATCH_BATCH = 4000
 
 #: `Tracked.shard` of a pod whose shard was removed while the pod was in its last batch (see `scale`)
 LIMBO = -1
+
+#: the condition kube's API server gives a pod created with scheduling gates (its pod strategy's
+#: ``applySchedulingGatedCondition``), unless the pod already has a PodScheduled condition
+SCHEDULING_GATED_CONDITION = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                              "message": "Scheduling is blocked due to non-empty scheduling gates"}
 
 
 @dataclass
@@ -225,6 +233,7 @@ class Coordinator:
         self.metrics = ShardMetrics()
         self.counters = defaultdict(int)
         self.invalid: dict[str, str] = {}  # pod key -> why it cannot be scheduled (bad spec)
+        self.gated: dict[str, str] = {}  # uid -> pod key, pods a PreEnqueue plugin keeps out of the queue
         self._inbox: list[tuple[int, list[Handoff]]] = []
         self._inbox_lock = threading.Lock()
         # the loop thread mutates the state below; Ray calls (status, ...) read it from other threads
@@ -307,6 +316,7 @@ class Coordinator:
         self.schedulers = build_schedulers(self.config, self.table, seed=0)
         self.default = next(iter(self.schedulers.values()))
         self.bound_on.clear()
+        self.gated.clear()  # the list shows every gated pod again
         infos = []
         for obj in nodes:
             try:
@@ -513,6 +523,7 @@ class Coordinator:
                     forget[uid] = old
                     if old in self.owners:
                         removes[self.owners[old]].append(uid)
+                self.gated.pop(uid, None)
                 t = self.pending.pop(uid, None)
                 if t is not None:
                     unqueue[t.shard].append(t.pod.key)
@@ -520,6 +531,7 @@ class Coordinator:
                 continue
             if node:
                 new.pop(uid, None)
+                self.gated.pop(uid, None)
                 if self.bound_on.get(uid) == node:
                     continue
                 t = self.pending.pop(uid, None)
@@ -549,12 +561,17 @@ class Coordinator:
             if (spec.get("schedulerName") or "default-scheduler") not in self.profiles:
                 continue
             try:
-                new[uid] = PodInfo.from_object(obj)
+                pod = PodInfo.from_object(obj)
             except InvalidObjectError as e:
                 key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 if key not in self.invalid:
                     self.invalid[key] = str(e)
                     self._fail_pod(obj, f"invalid pod spec: {e}")
+                continue
+            if self._pre_enqueue(pod, obj):
+                new[uid] = pod
+            else:
+                new.pop(uid, None)
         for bound in observe:
             self._owed_observe[bound.uid] = bound
         for uid, node in forget.items():
@@ -568,8 +585,28 @@ class Coordinator:
         for index, keys in unqueue.items():
             if 0 <= index < len(self.shards):  # not a removed shard's (LIMBO)
                 self.shards[index].remote.call("remove_pods", keys)
+        self.metrics.pending_pods.labels(GATED).set(len(self.gated))
         if new:
             self.route(list(new.values()))
+
+    def _pre_enqueue(self, pod: PodInfo, obj: Mapping[str, Any]) -> bool:
+        """Whether a pending pod may be queued: its profile's PreEnqueue plugins pass (upstream's
+        PreEnqueue check as a pod enters the scheduling queue). A pod they reject waits in `gated`
+        until an update lets it pass; no attempt is counted and no FailedScheduling Event is
+        written. When it is first held and has no PodScheduled condition (an API server before
+        kube 1.26, a simulated cluster), it gets the one kube's API server gives a pod created
+        gated: PodScheduled=False, reason SchedulingGated; once, not at each of its updates."""
+        sched = self.schedulers.get(pod.scheduler_name, self.default)
+        status = sched.framework.run_pre_enqueue_plugins(pod)
+        if status.is_success():
+            self.gated.pop(pod.uid, None)
+            return True
+        if pod.uid not in self.gated:
+            self.gated[pod.uid] = pod.key
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            if not any(c.get("type") == "PodScheduled" for c in conditions):
+                self.cluster.call("set_pod_condition", pod.namespace, pod.name, dict(SCHEDULING_GATED_CONDITION))
+        return False
 
     # ------------------------------------------------------------------ routing
     def _unroute(self, shard: int) -> None:
@@ -1114,7 +1151,7 @@ class Coordinator:
         unsched = sum(1 for t in self.pending.values() if t.unschedulable)
         return {
             "nodes": self.table.num_nodes, "shards": len(self.shards), "epoch": self.epoch,
-            "pending": len(self.pending), "unschedulable": unsched,
+            "pending": len(self.pending), "unschedulable": unsched, "gated": len(self.gated),
             "gave_up": self.counters["gave_up"], "bound_seen": self.counters["bound"],
             "routed": self.counters["routed"], "requeues": self.counters["requeues"],
             "invalid": len(self.invalid), "replaced_shards": self.replaced, "ledger_rebuilds": self.ledger_rebuilds,

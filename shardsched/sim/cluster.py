@@ -576,6 +576,32 @@ class SimCluster:
             self._pods[key] = self._commit(MODIFIED, POD, new)
             return True
 
+    def remove_scheduling_gates(self, namespace: str, name: str, gates: Iterable[str] | None = None) -> dict:
+        """Remove scheduling gates from a pod (all of them, or those named), as the controller
+        that owns a gate updates the pod when it is done; the API server only lets gates be
+        removed, never added, once a pod exists. An empty list is dropped from the spec.
+
+        Returns:
+            the stored pod (unchanged, and no event, when none of ``gates`` was there).
+
+        Raises:
+            NotFound: no such pod.
+        """
+        key = f"{namespace}/{name}"
+        with self._lock:
+            pod = self._pods.get(key)
+            if pod is None:
+                raise NotFound(f'pods "{name}" not found')
+            old = pod["spec"].get("schedulingGates") or []
+            kept = [] if gates is None else [g for g in old if g.get("name") not in set(gates)]
+            if len(kept) == len(old):
+                return pod
+            spec = {k: v for k, v in pod["spec"].items() if k != "schedulingGates"}
+            if kept:
+                spec["schedulingGates"] = kept
+            self._pods[key] = self._commit(MODIFIED, POD, {**pod, "metadata": {**pod["metadata"]}, "spec": spec})
+            return self._pods[key]
+
     def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str, message: str) -> dict:
         """Record a core/v1 Event about an object (as an EventRecorder); a repeat of the same
         (type, reason, message) for the same object increments ``count`` instead.
