@@ -62,7 +62,7 @@ def test_kube_like_always_uses_the_adaptive_percentage(source):
 @needs_perf_data
 @pytest.mark.parametrize("workload, status, reason", [
     ("SchedulingBasic/5000Nodes_10000Pods", perf.RUN, None),
-    ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.PARTIAL, "PodTopologySpread"),
+    ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.SKIP, "DoNotSchedule spread constraints need"),
     ("SchedulingWithMixedChurn/5000Nodes_10000Pods", perf.PARTIAL, "Service churn"),
     ("SchedulingPodAffinity/5000Nodes_5000Pods", perf.SKIP, "InterPodAffinity"),
     ("PreemptionBasic/1000Nodes", perf.SKIP, "preemption"),

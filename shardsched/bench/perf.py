@@ -274,16 +274,18 @@ def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
     affinity = spec.get("affinity") or {}
     if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
         skip.append("pod affinity/anti-affinity needs InterPodAffinity (not implemented)")
-    if spec.get("schedulingGates"):
-        skip.append("scheduling gates need SchedulingGates (not implemented)")
     if spec.get("resourceClaims"):
         skip.append("resource claims need DynamicResources (not implemented)")
     for v in spec.get("volumes") or []:
         if any(k in v for k in ("persistentVolumeClaim", "ephemeral", "csi")):
             skip.append("persistent volumes need the volume plugins (not implemented)")
             break
-    if spec.get("topologySpreadConstraints"):
-        partial.append("topologySpreadConstraints ignored: PodTopologySpread is not implemented")
+    spread = spec.get("topologySpreadConstraints") or []
+    if any((c or {}).get("whenUnsatisfiable") == "DoNotSchedule" for c in spread):
+        skip.append("DoNotSchedule spread constraints need PodTopologySpread (not implemented: such pods are "
+                    "refused)")
+    elif spread:
+        partial.append("ScheduleAnyway spread constraints not scored: PodTopologySpread is not implemented")
     return skip, partial
 
 
