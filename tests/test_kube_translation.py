@@ -41,6 +41,29 @@ def test_client_models_become_camelcase_dicts_the_model_understands():
     assert to_dict(d) is d  # dicts (what list/watch deliver) pass through
 
 
+def test_client_models_carry_gates_and_the_constraints_shardsched_refuses():
+    """What the SchedulingGates PreEnqueue and the stand-ins of unimplemented plugins read survives
+    the translation of the client's models (snake_case attributes to the API's camelCase)."""
+    term = k8s.V1PodAffinityTerm(label_selector=k8s.V1LabelSelector(match_labels={"app": "w"}),
+                                 topology_key="kubernetes.io/hostname")
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="w1", namespace="prod", labels={"app": "w"}),
+        spec=k8s.V1PodSpec(
+            scheduler_name=SCHED, containers=[k8s.V1Container(name="c", image="nginx")],
+            scheduling_gates=[k8s.V1PodSchedulingGate(name="example.com/quota")],
+            affinity=k8s.V1Affinity(pod_anti_affinity=k8s.V1PodAntiAffinity(
+                required_during_scheduling_ignored_during_execution=[term])),
+            topology_spread_constraints=[k8s.V1TopologySpreadConstraint(
+                max_skew=1, topology_key="zone", when_unsatisfiable="DoNotSchedule")],
+            volumes=[k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+                claim_name="data")), k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource())]))
+    info = PodInfo.from_object(to_dict(pod))
+    assert info.scheduling_gates == ("example.com/quota",)
+    assert (info.required_pod_affinity, info.required_pod_anti_affinity, info.hard_topology_spread) == (
+        False, True, True)
+    assert info.claim_volumes == ("data",)
+
+
 def test_node_without_allocatable_has_no_room_and_bad_quantities_are_rejected_clearly():
     bare = NodeInfo.from_object({"metadata": {"name": "bare"}, "status": {}})  # as kube: valid, nothing fits
     assert not any(bare.allocatable.values())
