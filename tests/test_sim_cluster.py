@@ -315,6 +315,22 @@ def test_watch_order_and_resource_versions():
     assert c.events_since("2")[0] == events[2:]
 
 
+def test_scheduling_gates_are_removed_by_name_or_all_with_one_event_each():
+    c = SimCluster()
+    p = make_pod("g")
+    p["spec"]["schedulingGates"] = [{"name": "a"}, {"name": "b"}]
+    c.create_pod(p)
+    _, rv = c.list_pods()
+    assert c.remove_scheduling_gates("default", "g", ["x"])["metadata"]["resourceVersion"] == str(rv)  # no-op
+    assert c.remove_scheduling_gates("default", "g", ["a"])["spec"]["schedulingGates"] == [{"name": "b"}]
+    assert "schedulingGates" not in c.remove_scheduling_gates("default", "g")["spec"]
+    events, _ = c.events_since(rv)
+    assert [(e.type, e.object["spec"].get("schedulingGates")) for e in events] == [
+        (MODIFIED, [{"name": "b"}]), (MODIFIED, None)]
+    with pytest.raises(NotFound):
+        c.remove_scheduling_gates("default", "nope")
+
+
 def test_watch_kinds_and_limit():
     c = cluster_with(nodes=[make_node("n1"), make_node("n2")], pods=[make_pod("a"), make_pod("b"), make_pod("c")])
     pods, rv = c.events_since(0, kinds=["Pod"])
