@@ -1,9 +1,10 @@
 """The vectorized plugin interfaces of shardsched's scheduling framework.
 
 These follow kube-scheduler's extension points (PreEnqueue, QueueSort, PreFilter, Filter, PreScore,
-Score, NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers many nodes
-at once. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots ``slice(0, table.n)``) or an
-int array of slots (to recompute only the nodes that changed since a cached result).
+Score, NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers
+many nodes at once. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots
+``slice(0, table.n)``) or an int array of slots (to recompute only the nodes that changed since a
+cached result).
 
 - Filter returns a bool array, True where the node passes, shape = len(idx).
 - Score returns an int64 array in [0, 100], shape = len(idx).

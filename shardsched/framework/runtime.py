@@ -84,12 +84,9 @@ class Framework:
         return Status.success()
 
     def plugin_names(self, point: str) -> list[str]:
-        """Names of the plugins enabled at an extension point, in order (for inspection and docs);
-        ``preFilter`` includes the stand-ins of unimplemented plugins."""
+        """Names of the plugins enabled at an extension point, in order (for inspection and docs)."""
         if point == "preEnqueue":
             return [p.name for p in self.pre_enqueue_plugins]
-        if point == "preFilter":
-            return [p.name for p in self.pre_filter_plugins]
         if point == "filter":
             return [p.name for p in self.filter_plugins]
         if point == "score":
