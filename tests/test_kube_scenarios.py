@@ -289,7 +289,9 @@ def test_gated_pod_waits_until_its_gates_are_removed(backend, run_scheduler):
     backend.create_nodes([a_node("n0")])
     gated = our_pod("gated")
     gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}, {"name": "example.com/ready"}]
-    backend.create_pods([gated, our_pod("free")])
+    stored = backend.create_pods([gated, our_pod("free")])
+    if not stored[0]["spec"].get("schedulingGates"):  # the field came with Kubernetes 1.26 (beta 1.27)
+        pytest.skip("this API server drops spec.schedulingGates: it is older than Kubernetes 1.26")
     rt = run_scheduler()
     wait_for(lambda: bool(node_of(backend, "free")), what="the ungated pod bound")
     wait_for(lambda: pod_scheduled(backend, "gated") is not None, what="PodScheduled condition of the gated pod")
