@@ -23,7 +23,7 @@ EXIT_VIOLATED = 3
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """shardsched's chaos suite: fault scenarios (chaos/scenarios/*.yaml) run on the embedded
-    runtime (local Ray, Redis, simulated cluster), judged against the invariants of DESIGN.md."""
+    runtime (local Ray, Redis, simulated cluster), judged against the invariants of docs/design.md."""
     logging.basicConfig(level=max(logging.WARNING - 10 * verbose, logging.DEBUG), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

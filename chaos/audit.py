@@ -35,7 +35,7 @@ from shardsched.sim import SCHEDULER_NAME, FaultConfig
 from shardsched.store.ledger import Ledger
 from shardsched.store.server import connect
 
-#: fencing verdicts that make a bind stale (DESIGN.md invariant 2)
+#: fencing verdicts that make a bind stale (docs/design.md invariant 2)
 STALE = ("lease_missing", "lease_expired", "no_reservation")
 #: where binds come from
 SCHEDULER, BYPASS = "scheduler", "bypass"

@@ -270,7 +270,7 @@ class ChaosRun(EmbeddedRun):
         self.audit = ray.get(self.cluster.audit.remote())
 
     def _check_ledger(self) -> dict[str, Any]:
-        """DESIGN.md invariant 5: every node's usage in the ledger equals its bound pods' requests
+        """docs/design.md invariant 5: every node's usage in the ledger equals its bound pods' requests
         and no reservation is left, once the reservations of the run's last binds have expired
         (polled until then: the coordinator observes the last binds a moment after the API)."""
         ledger = Ledger(connect(self.direct_redis_url), self.prefix)

@@ -28,7 +28,7 @@ from shardsched.sim import FaultConfig
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 
-#: the invariants of DESIGN.md, by the name a scenario lists them with
+#: the invariants of docs/design.md, by the name a scenario lists them with
 INVARIANTS = {
     "no_overcommit": "1. no node's bound pods exceed its allocatable (no admission rejection of a pod we bound)",
     "no_double_bind": "2a. no pod is bound twice",

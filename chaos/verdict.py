@@ -1,4 +1,4 @@
-"""The verdict of a chaos run: the invariants of DESIGN.md checked on what the API server saw, the
+"""The verdict of a chaos run: the invariants of docs/design.md checked on what the API server saw, the
 throughput around the faults, and the counters that explain them.
 
 Sources, none of them the scheduler's own opinion where an invariant is concerned:

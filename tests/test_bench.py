@@ -144,6 +144,14 @@ def test_scaling_runs_one_point_per_sweep(ray_session, tmp_path):
     assert len(scaling.plot(points, str(tmp_path))) == 3
 
 
+def test_cli_perf_help_says_which_workloads_run_and_where_the_data_comes_from():
+    result = CliRunner().invoke(cli, ["bench", "perf", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "issue" not in text and "default: the performance-size workloads of SchedulingBasic" in text
+    assert "kubernetes repository's test/integration/scheduler_perf" in text and "not the working directory" in text
+
+
 @needs_perf_data
 def test_cli_perf_list_is_json():
     result = CliRunner().invoke(cli, ["bench", "perf", "--list", "-o", "json"])

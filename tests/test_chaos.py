@@ -1,6 +1,6 @@
 """The chaos suite: scenario files and their validation, then the short version of every scenario
 run on the session's Ray (and Redis, unless the scenario restarts Redis or wants AOF: then the
-runner starts its own), judged by the verdict: every invariant of DESIGN.md holds, a killed shard's
+runner starts its own), judged by the verdict: every invariant of docs/design.md holds, a killed shard's
 pods are bound within lease TTL + 5 s, and the faults really happened (``exercised``).
 
 The long versions are run by hand (``python -m chaos run NAME``) and recorded in docs/chaos.md.
@@ -112,6 +112,15 @@ def test_short_scenario_verdict(name, binding_cycles, redis_server, ray_session)
         assert kill["bound_within_s"] <= kill["limit_s"] == load_scenario(name, short=True).shards.lease_ttl_s + 5
     assert all(v["value"] >= v["min"] for v in data["exercised"].values())
     assert ray_session.is_initialized()
+
+
+def test_cli_help_names_the_design_notes_by_their_path():
+    from click.testing import CliRunner
+
+    from chaos.__main__ import cli
+
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0 and "docs/design.md" in result.output and "DESIGN.md" not in result.output
 
 
 def test_cli_lists_and_runs_a_scenario_with_a_json_verdict(tmp_path):

@@ -10,6 +10,7 @@ reacts to a burst and settles, and the CLI finds the running coordinator by its 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -170,6 +171,24 @@ def test_scale_phases_measure_throughput_around_each_step():
     assert a["throughput_before_pods_per_s"] == a["throughput_during_pods_per_s"] == a["throughput_after_pods_per_s"] == 100.0
     assert b["throughput_before_pods_per_s"] == a["throughput_after_pods_per_s"]  # the same window
     assert b["throughput_after_pods_per_s"] == 100.0
+
+
+@pytest.mark.parametrize("n, text", [(1, "already 1 shard: nothing to do"), (3, "already 3 shards: nothing to do")],
+                         ids=["one", "three"])
+def test_a_step_to_the_current_count_is_described_in_good_grammar(n, text):
+    from shardsched.cli.scale import describe
+
+    assert describe({"from_shards": n, "to_shards": n}) == text
+
+
+def test_shardsched_scale_says_in_its_own_words_when_the_ray_address_does_not_answer():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(CLI + ["scale", "--ray-address", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == f"error: --ray-address 127.0.0.1:{port}: no Ray head answers there (Connection refused)\n"
 
 
 # ----------------------------------------------------------------------- handover on plain objects

@@ -440,7 +440,7 @@ def test_a_pod_leased_by_a_dead_shard_is_bound_as_soon_as_the_lease_expires(ledg
     """A crashed shard's lease blocks the pod until it expires (server time). Meanwhile every try is
     "held elsewhere", which is not a scheduling attempt: the pod is retried after the initial
     backoff each time instead of backing off exponentially past the lease's expiry (with kube's
-    1 s doubling to 10 s, a 10 s lease could keep it waiting ~18 s; DESIGN.md invariant 4)."""
+    1 s doubling to 10 s, a 10 s lease could keep it waiting ~18 s; docs/design.md invariant 4)."""
     config = load_config("""\
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration

@@ -87,7 +87,7 @@ BATCHING_CONFIG = """
       measurePods: 20000
 """
 
-#: the workloads issue 6 asks for (performance sizes); ``bench perf`` runs these by default
+#: performance-size workloads of the tests shardsched's plugins express; ``bench perf`` runs these by default
 DEFAULT_WORKLOADS = (
     "SchedulingBasic/5000Nodes_10000Pods",
     "SchedulingBasic/5000Nodes_50000Pods",

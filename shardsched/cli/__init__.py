@@ -19,6 +19,74 @@ def redis_url_option(ctx: click.Context, param: click.Parameter, value: str | No
     return value
 
 
+class Quantity(click.ParamType):
+    """A Kubernetes quantity of ``resource`` (``"500m"``, ``"16Gi"``), parsed at parse time with the
+    project's parser (`canonical_quantity`): a malformed or negative value is a usage error (exit 2)
+    naming the option, not a traceback once the run has started. The value stays the text given."""
+
+    name = "quantity"
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+
+    def convert(self, value, param, ctx):
+        from shardsched.api.quantity import canonical_quantity
+        from shardsched.errors import InvalidObjectError
+
+        try:
+            canonical_quantity(self.resource, value)
+        except InvalidObjectError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
+def check_redis(url: str) -> None:
+    """PING the Redis at ``url`` once, with a 2 s connect timeout and no retries.
+
+    Raises:
+        ShardschedError: it does not answer (message: where, without the password, and why).
+    """
+    import redis
+
+    from shardsched.errors import ShardschedError
+    from shardsched.store.server import connect
+
+    client = connect(url, timeout_s=2.0, connect_timeout_s=2.0, retries=0)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        where = client.connection_pool.connection_kwargs
+        at = where["path"] if "path" in where else f"{where.get('host')}:{where.get('port')}"
+        raise ShardschedError(f"--redis-url: no Redis answers at {at}: {e}") from None
+    finally:
+        client.close()
+
+
+def check_ray_address(address: str | None, timeout_s: float = 2.0) -> None:
+    """Check that a Ray head's GCS accepts a TCP connection at ``address`` (``host:port``) within
+    ``timeout_s``, before ``ray.init`` spends minutes retrying it. No-op for None, ``auto`` and
+    ``ray://`` addresses (Ray client: its own, quick errors).
+
+    Raises:
+        ShardschedError: the address is not ``host:port``, or nothing accepts a connection there.
+    """
+    import socket
+
+    from shardsched.errors import ShardschedError
+
+    if address is None or address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ShardschedError(f"--ray-address {address!r}: expected HOST:PORT of a Ray head")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ShardschedError(f"--ray-address {address}: no Ray head answers there ({reason})") from None
+
+
 def autoscale_options(autoscale_note: str = "", max_shards_help: str = "With --autoscale."):
     """The ``--autoscale``, ``--min-shards`` and ``--max-shards`` options of ``run`` and ``serve``
     (read back with `autoscaler_from`); ``autoscale_note`` ends ``--autoscale``'s help."""

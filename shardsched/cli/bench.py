@@ -163,10 +163,16 @@ def field(**kw) -> None:
 
 @bench.command()
 @click.option("--workload", "workloads", multiple=True, metavar="PATTERN",
-              help="Workload to run, TestCase/workload, glob allowed (repeatable); default: issue 6's list.")
+              help="Workload to run, TestCase/workload, glob allowed (repeatable); default: the performance-size "
+                   "workloads of SchedulingBasic, SchedulingNodeAffinity, SchedulingWithNodeInclusionPolicy, "
+                   "Unschedulable, SchedulingWithMixedChurn, SchedulingWithExtendedResource and HostPortConflict "
+                   "(--list marks them).")
 @click.option("--list", "list_only", is_flag=True, help="List every workload of the configs with its status and exit.")
 @click.option("--data-dir", type=click.Path(file_okay=False),
-              help="scheduler_perf folder (default: $SHARDSCHED_SCHEDULER_PERF_DIR or ../shared/data/scheduler_perf).")
+              help="Folder of kube-scheduler's scheduler_perf workloads, copied from the kubernetes repository's "
+                   "test/integration/scheduler_perf: one subfolder per test with its performance-config.yaml and "
+                   "the templates it names. Default: $SHARDSCHED_SCHEDULER_PERF_DIR, else shared/data/scheduler_perf "
+                   "beside the folder holding this shardsched checkout (not the working directory).")
 @click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True, help="0 = adaptive.")
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)

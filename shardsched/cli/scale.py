@@ -41,7 +41,11 @@ def scale(shards: int | None, ray_address: str | None, name: str, timeout_s: flo
 
     from shardsched.sharding.actors import find_coordinator
 
+    from shardsched.cli import check_ray_address
+    from shardsched.sharding.actors import NoRayError
+
     try:
+        check_ray_address(ray_address)
         coordinator = find_coordinator(ray_address, name)
         if shards is None:
             status, history = ray.get([coordinator.status.remote(), coordinator.scale_history.remote()],
@@ -50,6 +54,9 @@ def scale(shards: int | None, ray_address: str | None, name: str, timeout_s: flo
                       "autoscaler": status.get("autoscaler", False), "steps": history}
         else:
             result = ray.get(coordinator.scale.remote(shards), timeout=timeout_s)
+    except NoRayError as e:
+        click.echo(f"error: {e}; when it runs on another machine, pass --ray-address HOST:PORT", err=True)
+        sys.exit(1)
     except ShardschedError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -73,7 +80,8 @@ def scale(shards: int | None, ray_address: str | None, name: str, timeout_s: flo
 def describe(step: dict) -> str:
     """One line for a scale step (`ScaleStep.to_json`)."""
     if step["from_shards"] == step["to_shards"]:
-        return f"already {step['to_shards']} shards: nothing to do"
+        n = step["to_shards"]
+        return f"already {n} shard{'' if n == 1 else 's'}: nothing to do"
     return (f"shards {step['from_shards']} -> {step['to_shards']} ({step['trigger']}, epoch {step['epoch']}): "
             f"{step['nodes_moved']} of {step['nodes']} nodes moved ({step['moved_fraction']:.3f}, ideal "
             f"{step['ideal_fraction']:.3f}), {step['pods_rerouted']} queued pods routed again; new shards started in "

@@ -261,17 +261,26 @@ def named_actor(cls: Any, name: str | None, **options: Any) -> Any:
         time.sleep(0.1)
 
 
+class NoRayError(ShardschedError):
+    """`find_coordinator` found no Ray instance on this machine to join (none was named)."""
+
+
 def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAME) -> Any:
     """Join a running Ray cluster (``ray_address``, default ``auto``: the one started on this
     machine) and return the handle of the coordinator named ``name`` in `RAY_NAMESPACE`.
 
     Raises:
+        NoRayError: no ``ray_address`` was given and no Ray instance runs on this machine.
         ShardschedError: Ray cannot be joined, or no such coordinator runs there.
     """
     if not ray.is_initialized():
         try:
             ray.init(address=ray_address or "auto", namespace=RAY_NAMESPACE, logging_level=logging.WARNING,
                      log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            if ray_address is None and "Could not find any running Ray instance" in str(e):
+                raise NoRayError("no Ray instance runs on this machine (is shardsched run or serve running?)") from None
+            raise ShardschedError(f"could not join Ray at {ray_address or 'auto'}: {e}") from None
         except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
             raise ShardschedError(f"could not join Ray at {ray_address or 'auto'}: {e}") from None
     try:
