@@ -3,7 +3,7 @@ bind faults, a shard killed mid-run, the Alibaba trace), the coordinator and act
 where a test needs to look into the simulated cluster, and ``shardsched run -o json`` as users run
 it (a subprocess).
 
-Every run checks the invariants of DESIGN.md: no overcommitted node and no admission rejection, no
+Every run checks the invariants of docs/design.md: no overcommitted node and no admission rejection, no
 double bind, no lost pod. Sizes are small enough for a 2-core machine; `heavy` tests run a short
 form unless ``SHARDSCHED_HEAVY=1``.
 """
@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+from click.testing import CliRunner
 
+from shardsched.cli.main import cli
+from shardsched.cli.run import TRACE_REPLAY_TARGET_S, _trace_time_scale
 from shardsched.config import load_config
 from shardsched.sharding.actors import coordinator_actor, sim_cluster_actor
 from shardsched.sharding.runtime import EmbeddedRun, RunOptions, RunReport
@@ -61,8 +68,14 @@ def run(redis_server, nodes: list[dict], workload: list, on_progress=None, **opt
                        on_progress=on_progress).run()
 
 
+def assert_counted_once(data: dict) -> None:
+    """Every pod of the workload in exactly one of the report's counts."""
+    assert (data["pods_bound"] + data["pods_unschedulable"] + data["pods_pending"] + data["pods_deleted_unbound"]
+            + data["lost_pods"]) == data["pods_total"], data
+
+
 def assert_invariants(data: dict) -> None:
-    """The ``-o json`` report's invariants (DESIGN.md 1-3)."""
+    """The ``-o json`` report's invariants (docs/design.md 1-3)."""
     assert data["overcommitted_nodes"] == 0
     assert data["admission_rejections"] == 0
     assert data["double_binds"] == 0
@@ -172,7 +185,7 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_with_the_reason
 def test_a_killed_shard_is_replaced_and_its_pods_still_bound(redis_server, ray_session):
     """Shard 0 is killed (SIGKILL through Ray) while pods keep arriving and binds are slow, so
     some of its pods are in flight under its leases. The coordinator replaces it; every pod ends
-    bound within lease TTL + a few seconds of the kill (DESIGN.md invariant 4)."""
+    bound within lease TTL + a few seconds of the kill (docs/design.md invariant 4)."""
     lease_ttl_s = 3.0
     n = 1500
     pods = uniform_pods(n, cpu="500m", scheduler_name=SCHEDULER)
@@ -221,6 +234,9 @@ def test_the_alibaba_trace_replays(redis_server):
     assert data["pods_total"] == len(pods) == 300 and data["nodes"] == len(nodes) == 140
     assert data["pods_pending"] == 0
     assert report.samples[-1].bound > 0  # pods the coordinator saw bound (all are deleted by the end)
+    # pods bound and then deleted at their trace end time count as bound; each pod is counted once
+    assert data["pods_bound"] > 0 and data["throughput_pods_per_s"] > 0
+    assert_counted_once(data)
     for message in data["unschedulable_reasons"]:
         assert message.startswith(f"0/{len(nodes)} nodes are available: ")
 
@@ -293,3 +309,176 @@ class Deployment:
                 return status
             assert time.monotonic() < deadline, f"not settled: {counts} {status}"
             time.sleep(0.1)
+
+
+def test_the_default_time_scale_fits_a_trace_replay_into_a_minute(capsys):
+    """The slice spans hours of trace: without --time-scale the replay is compressed to about
+    `TRACE_REPLAY_TARGET_S`, and the run says so before it starts; a given scale is kept, with a
+    warning when the replay outlasts --timeout."""
+    pods, _ = trace.load_pods(TRACE / "openb_pod_list_default.csv", scheduler_name=SCHEDULER)
+    workload = [tuple(p) for p in pods]
+    span_s = max(max(c, d or c) for c, d, _ in workload) - min(c for c, _, _ in workload)
+
+    scale = _trace_time_scale(workload, None, 600.0)
+    assert span_s / scale == pytest.approx(TRACE_REPLAY_TARGET_S)
+    assert "about 60 s" in capsys.readouterr().err
+    assert _trace_time_scale(workload, 1000.0, 600.0) == 1000.0
+    err = capsys.readouterr().err
+    assert f"about {span_s / 1000:.0f} s" in err and "longer than --timeout 600" in err
+
+
+# ------------------------------------------------------------------------- CLI: input and signals
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--node-cpu", "2Gx"], "--node-cpu"),
+    (["--pod-cpu", "-1"], "--pod-cpu"),
+    (["--node-memory", "abc"], "--node-memory"),
+    (["--pod-memory", "1Qi"], "--pod-memory"),
+    (["--plot", "/nonexistent/dir/p.png"], "--plot"),
+], ids=["node-cpu", "negative-pod-cpu", "node-memory", "pod-memory", "plot-folder"])
+def test_run_rejects_a_bad_value_before_starting(args, option):
+    result = CliRunner().invoke(cli, ["run", *args])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--redis-url", "redis://127.0.0.1:{port}/0"),
+    ("--ray-address", "127.0.0.1:{port}"),
+], ids=["redis", "ray"])
+def test_run_says_in_one_line_that_redis_or_ray_does_not_answer(flag, value, tmp_path):
+    """Checked before Ray starts (Redis) or before Ray retries for minutes (its address)."""
+    started = time.monotonic()
+    proc = subprocess.run(CLI + ["run", "--nodes", "2", "--pods", "2", flag, value.format(port=_free_port())],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: {flag}") and proc.stderr.count("\n") == 1, proc.stderr
+    assert time.monotonic() - started < 15
+
+
+class RunProcess:
+    """``shardsched -v run ...`` in a subprocess, its stderr read as it comes (to wait for a log
+    line before sending a signal); Ray's processes seen before it started are remembered so that
+    `ray_orphans` finds only its own."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.before = {p.pid for p in psutil.process_iter()}
+        self.proc = subprocess.Popen(CLI + ["-v", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=cwd)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
+
+    def wait_for(self, text: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {text!r}: {self.stderr[-3000:]}"
+            assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s: {self.stderr[-3000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout_s: float = 120.0) -> tuple[int, str]:
+        out = self.proc.stdout.read()
+        self.proc.wait(timeout_s)
+        self._reader.join(10)
+        return self.proc.returncode, out
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def ray_orphans(self, grace_s: float = 10.0) -> list[str]:
+        """Ray processes started by the run that outlived it (re-parented to init), after ``grace_s``."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            left = []
+            for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
+                cmd = " ".join(p.info["cmdline"] or [])
+                if p.info["pid"] not in self.before and p.info["ppid"] == 1 and "ray" in cmd:
+                    left.append(f"{p.info['pid']} {cmd[:120]}")
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+
+#: a run that lasts several seconds on 2 cores: small batches, each bind call answered in 100 ms
+SLOW_RUN = ["--nodes", "20", "--pods", "1000", "--pod-cpu", "100m", "--pod-memory", "100Mi", "--max-batch-size", "20",
+            "--bind-latency-ms", "100", "-o", "json", "--timeout", "120"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_run_stops_it_in_order_and_counts_each_pod_once(sig, tmp_path):
+    """SIGINT (Ctrl-C) or SIGTERM to the main process while pods are in flight: the summary comes,
+    says it was interrupted, counts each pod once with none lost, and the exit status is 128 +
+    the signal's number (not 3, the invariant's); Ray is shut down."""
+    run_ = RunProcess(tmp_path, *SLOW_RUN)
+    run_.wait_for("scheduling: 1000 pods")
+    time.sleep(1.5)
+    run_.proc.send_signal(sig)
+    code, out = run_.finish()
+
+    assert code == 128 + sig, run_.stderr[-3000:]
+    data = json.loads(out)
+    assert data["interrupted"] == sig.name and data["started"] is True
+    assert_counted_once(data)
+    assert data["lost_pods"] == 0 and data["double_binds"] == 0 and data["overcommitted_nodes"] == 0
+    assert 0 < data["pods_bound"] < 1000 and data["pods_pending"] > 0
+    assert "SIGTERM received" not in run_.stderr and "Traceback" not in run_.stderr
+    assert run_.ray_orphans() == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_start_up_says_so_and_leaves_no_ray_process(sig, tmp_path):
+    """The signal while Ray starts: one line (no table of zeros), 128 + the signal's number, and
+    nothing of Ray left running."""
+    run_ = RunProcess(tmp_path, "--nodes", "2", "--pods", "2")
+    run_.wait_for("starting Redis, Ray")
+    time.sleep(1.0)
+    run_.proc.send_signal(sig)
+    code, out = run_.finish()
+
+    assert code == 128 + sig, run_.stderr[-3000:]
+    assert out == "" and f"interrupted during start-up ({sig.name})" in run_.stderr
+    assert "Traceback" not in run_.stderr
+    assert run_.ray_orphans() == []
+
+
+def test_a_killed_embedded_redis_is_reported_and_started_again(tmp_path):
+    """SIGKILL to the redis-server that ``run`` started: the run says so, starts it again on the
+    same port, the coordinator rebuilds the ledger, and every pod is still bound."""
+    run_ = RunProcess(tmp_path, *SLOW_RUN)
+    run_.wait_for("scheduling: 1000 pods")
+    redis_proc = next(p for p in psutil.Process(run_.proc.pid).children() if "redis-server" in p.name())
+    port = next(c.laddr.port for c in redis_proc.net_connections() if c.status == psutil.CONN_LISTEN)
+    time.sleep(1.0)
+    redis_proc.kill()
+    code, out = run_.finish()
+
+    assert code == 0, run_.stderr[-3000:]
+    data = json.loads(out)
+    assert [(r["pid"], r["exit"]) for r in data["redis_restarts"]] == [(redis_proc.pid, "killed by SIGKILL")]
+    assert data["ledger_rebuilds"] >= 1
+    assert f"redis-server (pid {redis_proc.pid}) exited (killed by SIGKILL)" in run_.stderr
+    assert f"starting it again on port {port}" in run_.stderr
+    assert_invariants(data)
+    assert data["pods_bound"] == 1000
+
+
+def test_a_run_that_times_out_exits_4_and_still_plots(tmp_path):
+    """--timeout with pods pending: exit status 4, each pod counted once; a short run's plot has
+    samples from its first moments (the sampling period starts short)."""
+    plot = tmp_path / "p.png"
+    proc = subprocess.run(CLI + ["run", *SLOW_RUN[:-2], "--timeout", "2", "--plot", str(plot)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["timed_out"] is True and data["interrupted"] is None
+    assert_counted_once(data)
+    assert data["lost_pods"] == 0 and data["pods_pending"] > 0
+    assert plot.stat().st_size > 0

@@ -103,7 +103,7 @@ def ended_early(report: "RunReport") -> list[str]:
     timeout this means the runtime's end-of-run check raced the workload feeder: `EmbeddedRun._follow`
     reads the cluster's counts before it asks whether the feeder is done, so a last create call that
     lands in between ends the run before its pods are scheduled."""
-    if report.pods_pending <= 0 or any("timed out" in e for e in report.errors):
+    if report.pods_pending <= 0 or report.timed_out or report.interrupted:
         return []
     return [f"the run ended with {report.pods_pending} pods pending (end-of-run check raced the feeder)"]
 

@@ -9,8 +9,18 @@ import sys
 
 import click
 
-from shardsched.cli import autoscale_options, autoscaler_from, redis_url_option
+from shardsched.cli import Quantity, autoscale_options, autoscaler_from, check_ray_address, check_redis, redis_url_option
 from shardsched.errors import ConfigError, ShardschedError
+
+#: exit statuses of ``run`` (its --help and the README list them)
+EXIT_OK = 0
+EXIT_FAILED = 1  # could not start (Redis, Ray, a config or trace file), or the plot could not be written
+EXIT_INVARIANT = 3
+EXIT_TIMEOUT = 4
+#: interrupted: 128 + the signal's number, as shells report it (130 SIGINT, 143 SIGTERM)
+EXIT_SIGNAL_BASE = 128
+#: a trace replay without --time-scale is compressed to about this long
+TRACE_REPLAY_TARGET_S = 60.0
 
 #: the field report's table (5,000 nodes of 8C/16G, 1C/1Gi pods): avg, P99 latency (s), pods/s,
 #: scheduler cores, memory (GB)
@@ -38,14 +48,28 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
     return steps
 
 
+def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--plot``: its folder must exist and be writable (and the file, if there), checked before
+    the run rather than after it."""
+    if value is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{value!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(value) and not os.access(value, os.W_OK)):
+        raise click.BadParameter(f"{value!r}: not writable")
+    return value
+
+
 @click.command()
 @click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True, help="Nodes of the simulated cluster.")
-@click.option("--node-cpu", default="8", show_default=True, help="Allocatable CPU per node.")
-@click.option("--node-memory", default="16Gi", show_default=True, help="Allocatable memory per node.")
+@click.option("--node-cpu", type=Quantity("cpu"), default="8", show_default=True, help="Allocatable CPU per node.")
+@click.option("--node-memory", type=Quantity("memory"), default="16Gi", show_default=True,
+              help="Allocatable memory per node.")
 @click.option("--node-pods", type=click.IntRange(1), default=110, show_default=True, help="Allocatable pods per node.")
 @click.option("--pods", type=click.IntRange(0), default=20000, show_default=True, help="Pods in the burst.")
-@click.option("--pod-cpu", default="1", show_default=True, help="CPU request per pod.")
-@click.option("--pod-memory", default="1Gi", show_default=True, help="Memory request per pod.")
+@click.option("--pod-cpu", type=Quantity("cpu"), default="1", show_default=True, help="CPU request per pod.")
+@click.option("--pod-memory", type=Quantity("memory"), default="1Gi", show_default=True, help="Memory request per pod.")
 @click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Shard actors (each schedules the pods routed to it on the nodes it owns).")
 @click.option("--scale-at", callback=_parse_scale_at, metavar="T:N[,T:N...]",
@@ -62,8 +86,9 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--trace-nodes", type=click.Path(dir_okay=False),
               help="Node list of the Alibaba GPU trace (CSV); required with --trace.")
 @click.option("--trace-limit", type=click.IntRange(1), default=None, help="Replay only the first N trace pods.")
-@click.option("--time-scale", type=float, default=1000.0, show_default=True,
-              help="Trace time compression: trace seconds per replay second.")
+@click.option("--time-scale", type=click.FloatRange(0, min_open=True), default=None,
+              help="Trace time compression: trace seconds per replay second (default: the trace's span over "
+                   f"{TRACE_REPLAY_TARGET_S:g} s, at least 1000; the run says how long the replay takes).")
 @click.option("--redis-url", callback=redis_url_option, help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on 127.0.0.1:PORT.")
@@ -71,9 +96,11 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
 @click.option("--bind-error-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Fraction of binds answered 500 by the simulated API.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Give up after this many seconds.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+              help="Give up after this many seconds of scheduling (exit status 4 when pods are still pending).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write throughput, pending pods and utilization over time to this PNG.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=_plot_path,
+              help="Write throughput, pending pods and utilization over time to this PNG.")
 def run(**kw) -> None:
     """Run the scheduler on an embedded simulated cluster and report how it did.
 
@@ -89,9 +116,20 @@ def run(**kw) -> None:
 
     \b
     The summary gives the report's columns (latency from pod creation to bound, throughput, CPU
-    cores, memory), bound/unschedulable/requeued/conflicts, and the invariants: overcommitted nodes,
-    double binds and lost pods must be 0. Exit status 0 when the invariants hold, 3 when one is
-    violated, 1 when the run could not start.
+    cores, memory), bound/unschedulable/pending (each pod counted once), requeues, conflicts, and
+    the invariants: overcommitted nodes, double binds and lost pods must be 0. If the embedded
+    redis-server exits, it is started again (same port and password), the ledger is rebuilt from
+    the cluster, and the summary says so. Ctrl-C (SIGINT) or SIGTERM stops the run in order and
+    prints the summary of what was done (nothing but a line when it came during start-up).
+
+    \b
+    Exit status:
+      0    every pod bound or unschedulable, invariants hold
+      1    could not start (Redis, Ray, config or trace file), or the plot could not be written
+      2    bad command-line usage (an option's value)
+      3    an invariant was violated
+      4    timed out (--timeout) with pods pending
+      130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM (128 + the signal's number)
     """
     from shardsched.config import load_config
     from shardsched.sharding.runtime import EmbeddedRun, RunError, RunOptions
@@ -102,11 +140,17 @@ def run(**kw) -> None:
         config = load_config(kw["config_path"])
         nodes, workload, notes = _workload(kw, config.profiles[0].scheduler_name)
         autoscaler = autoscaler_from(kw)
+        if kw["redis_url"]:
+            check_redis(kw["redis_url"])
+        check_ray_address(kw["ray_address"])
     except (ConfigError, ShardschedError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
     for note in notes:
         click.echo(f"warning: {note}", err=True)
+    time_scale = kw["time_scale"] or 1.0
+    if kw["trace_pods"]:
+        time_scale = _trace_time_scale(workload, kw["time_scale"], kw["timeout_s"])
     faults = None
     if kw["bind_latency_ms"] or kw["bind_error_rate"]:
         faults = FaultConfig(bind_latency_s=kw["bind_latency_ms"] / 1000, bind_error_rate=kw["bind_error_rate"])
@@ -114,7 +158,7 @@ def run(**kw) -> None:
         shards=kw["shards"],
         shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"], seed=kw["seed"]),
         redis_url=kw["redis_url"], ray_address=kw["ray_address"], faults=faults, seed=kw["seed"],
-        timeout_s=kw["timeout_s"], time_scale=kw["time_scale"], metrics_port=kw["metrics_port"],
+        timeout_s=kw["timeout_s"], time_scale=time_scale, metrics_port=kw["metrics_port"],
         scale_at=kw["scale_at"], autoscaler=autoscaler,
     )
     show_progress = kw["output"] == "table" and sys.stderr.isatty()
@@ -123,16 +167,55 @@ def run(**kw) -> None:
             report = _execute(EmbeddedRun, config, nodes, workload, options, show_progress)
     except RunError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
-    if kw["plot_path"]:
-        _plot(report, kw["plot_path"])
+        sys.exit(EXIT_FAILED)
+    code = exit_status(report)
+    if not report.started:
+        click.echo(f"interrupted during start-up ({report.interrupted}); nothing was scheduled", err=True)
+        sys.exit(code)
     if kw["output"] == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         _print_summary(report)
+    if kw["plot_path"]:
+        try:
+            _plot(report, kw["plot_path"])
+        except (OSError, ValueError) as e:  # ValueError: matplotlib knows no such image format
+            click.echo(f"error: --plot {kw['plot_path']}: could not write the plot: {getattr(e, 'strerror', None) or e}",
+                       err=True)
+            code = code or EXIT_FAILED
+    sys.exit(code)
+
+
+def exit_status(report) -> int:
+    """``run``'s exit status for a report (the table in ``run --help``): an invariant violated
+    comes first, then an interruption (128 + the signal's number), then a timeout."""
+    import signal
+
     data = report.to_json()
     if data["overcommitted_nodes"] or data["admission_rejections"] or data["double_binds"] or data["lost_pods"]:
-        sys.exit(3)
+        return EXIT_INVARIANT
+    if report.interrupted:
+        return EXIT_SIGNAL_BASE + signal.Signals[report.interrupted].value
+    if report.timed_out:
+        return EXIT_TIMEOUT
+    return EXIT_OK
+
+
+def _trace_time_scale(workload, given: float | None, timeout_s: float) -> float:
+    """The replay's time scale: ``given``, else the trace's span (first creation to last creation
+    or deletion) over `TRACE_REPLAY_TARGET_S`, at least 1000. Says on stderr how long the replay
+    takes, and warns when that is longer than --timeout."""
+    first = min(c for c, _, _ in workload)
+    last = max(max(c, d if d is not None else c) for c, d, _ in workload)
+    span_s = last - first
+    scale = given if given is not None else max(1000.0, span_s / TRACE_REPLAY_TARGET_S)
+    replay_s = span_s / scale
+    click.echo(f"note: replaying {span_s / 3600:.2f} h of trace at time scale {scale:g}: about {replay_s:.0f} s",
+               err=True)
+    if replay_s > timeout_s:
+        click.echo(f"warning: the replay takes longer than --timeout {timeout_s:g} s; raise --time-scale "
+                   f"to at least {span_s / timeout_s:.0f} or --timeout", err=True)
+    return scale
 
 
 @contextlib.contextmanager
@@ -210,8 +293,13 @@ def _print_summary(report) -> None:
                   f"cluster and Redis (Ray's own daemons used {data['ray_system_cpu_cores']:.2f} more cores); "
                   "the report's rows were measured on other hardware.[/]")
     ok = lambda v: "[green]0[/]" if v == 0 else f"[red]{v}[/]"  # noqa: E731
+    if report.interrupted:
+        console.print(f"[yellow]interrupted ({report.interrupted}) {data['schedule_wall_s']:.1f} s into the run: "
+                      "the counts are those at the stop[/]", highlight=False)
+    deleted = f"deleted before bound {data['pods_deleted_unbound']}   " if data["pods_deleted_unbound"] else ""
     console.print(f"bound {data['pods_bound']} / {data['pods_total']}   unschedulable {data['pods_unschedulable']}   "
-                  f"pending {data['pods_pending']}   requeues {data['requeues']}   bind conflicts {data['conflicts']}   "
+                  f"pending {data['pods_pending']}   {deleted}requeues {data['requeues']}   "
+                  f"bind conflicts {data['conflicts']}   "
                   f"wall {data['wall_s']:.1f} s (scheduling {data['schedule_wall_s']:.1f} s)")
     console.print(f"invariants: overcommitted nodes {ok(data['overcommitted_nodes'])}   double binds "
                   f"{ok(data['double_binds'])}   lost pods {ok(data['lost_pods'])}   admission rejections "
@@ -228,6 +316,11 @@ def _print_summary(report) -> None:
                           highlight=False)
     for reason, n in sorted(data["unschedulable_reasons"].items(), key=lambda kv: -kv[1])[:5]:
         console.print(f"  {n} unschedulable: {reason}")
+    for r in data["redis_restarts"]:
+        console.print(f"[yellow]the embedded redis-server (pid {r['pid']}) exited ({r['exit']}) at {r['at_s']:.1f} s and "
+                      "was started again[/]", highlight=False)
+    if data["redis_restarts"] or data["ledger_rebuilds"]:
+        console.print(f"[yellow]ledger rebuilt from the cluster {data['ledger_rebuilds']} times[/]", highlight=False)
     for err in data["errors"]:
         console.print(f"[yellow]note: {err}[/]")
 
@@ -241,6 +334,8 @@ def _plot(report, path: str) -> None:
 
     s = report.samples
     if len(s) < 2:
+        click.echo(f"warning: --plot {path}: not written: the run took {len(s)} progress sample(s), a curve "
+                   "needs 2", err=True)
         return
     t = np.array([x.t_s for x in s])
     bound = np.array([x.bound for x in s], float)

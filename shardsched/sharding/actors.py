@@ -164,6 +164,7 @@ class CoordinatorHost:
     def status(self): return self.coordinator.status()
     def unschedulable_reasons(self): return self.coordinator.unschedulable_reasons()
     def pending_keys(self): return self.coordinator.pending_keys()
+    def catch_up(self): self.coordinator.catch_up()
     def kill_shard(self, index): self.coordinator.kill_shard(index)
 
     def replace_shard(self, index: int) -> str:

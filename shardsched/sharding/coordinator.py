@@ -396,6 +396,15 @@ class Coordinator:
     def stop(self) -> None:
         self._stop.set()
 
+    def catch_up(self) -> None:
+        """Apply every watch event the cluster has sent so far (`poll_watch` until it finds none),
+        so that `status` and `pending_keys` describe the cluster as it is: pods created since the
+        last poll are tracked, bound ones forgotten. For a report after `stop` (the shards no
+        longer bind, so this ends); a cluster that does not answer ends it too."""
+        with self._lock:
+            while self.poll_watch():
+                pass
+
     def step(self) -> bool:
         with self._lock:
             busy = self.poll_watch()

@@ -2,14 +2,17 @@
 
 `EmbeddedRun` starts everything, feeds the workload (a burst, or a trace replayed in time), changes
 the shard count at given times (``scale_at``) or lets the coordinator's autoscaler do it, follows
-progress, collects the report (latency, throughput, CPU, memory, invariants, scale steps with the
-throughput around each) and stops everything, also on errors and Ctrl-C.
+progress, restarts the embedded redis-server when it exits, collects the report (latency,
+throughput, CPU, memory, invariants, scale steps with the throughput around each) and stops
+everything, also on errors, on Ctrl-C (SIGINT) and on SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -27,11 +30,13 @@ from shardsched.sharding.scaling import AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig
 from shardsched.sim.trace import TraceReplay
-from shardsched.store.server import EmbeddedRedis
+from shardsched.store.server import EmbeddedRedis, RedisServerError
 
 log = logging.getLogger(__name__)
 
 CREATE_CHUNK = 2000
+#: progress sampling period once the run is past its first seconds (shorter before: `_follow`)
+FOLLOW_PERIOD_S = 0.25
 #: a scale step's "during" window lasts this long after its handover: new shards fill their first
 #: batches, queues spread, stale owners' fenced batches come back through the rebalancer
 SCALE_SETTLE_S = 1.0
@@ -39,6 +44,43 @@ SCALE_SETTLE_S = 1.0
 
 class RunError(ShardschedError):
     """The run could not start or went wrong in a way that needs the operator (message says what)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached `EmbeddedRun.run` (raised in the main thread by its handler, as
+    Python raises KeyboardInterrupt for SIGINT); ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """While inside, SIGINT and SIGTERM raise `Interrupted` in the main thread, once: a later signal,
+    or one after the yielded dict's ``"stopping"`` was set, is logged and ignored (the run is
+    already stopping in order). The previous handlers are restored on exit. A no-op outside the
+    main thread (Python runs signal handlers in the main thread only)."""
+    state = {"stopping": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if state["stopping"]:
+            log.warning("%s received while stopping; still stopping", signal.Signals(signum).name)
+            return
+        state["stopping"] = True
+        raise Interrupted(signum)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in saved:
+        signal.signal(sig, handler)
+    try:
+        yield state
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
 
 
 @dataclass
@@ -75,12 +117,28 @@ class Sample:
 
 @dataclass
 class RunReport:
-    """The summary of a run; `to_json` gives the ``-o json`` contract."""
+    """The summary of a run; `to_json` gives the ``-o json`` contract.
+
+    Every pod of the workload is counted once: ``pods_total`` = ``pods_bound`` (ever bound, a
+    trace's pods deleted after binding included) + ``pods_unschedulable`` + ``pods_pending`` (not
+    created yet, queued, or in flight in a shard) + ``pods_deleted_unbound`` (a trace's pods deleted
+    before they were bound) + ``lost_pods`` (unbound in the cluster and unknown to the coordinator
+    once it caught up with the watch: a bug, must be 0)."""
 
     pods_total: int = 0
     pods_bound: int = 0
     pods_unschedulable: int = 0
     pods_pending: int = 0
+    pods_deleted_unbound: int = 0
+    #: False when the run stopped (interrupted, or failed) before the workload started
+    started: bool = False
+    #: "SIGINT" or "SIGTERM" when a signal stopped the run, else None
+    interrupted: str | None = None
+    #: the run gave up after ``RunOptions.timeout_s`` with pods pending
+    timed_out: bool = False
+    #: restarts of the embedded redis-server after it exited: {"at_s", "pid", "exit"}
+    redis_restarts: list[dict] = field(default_factory=list)
+    ledger_rebuilds: int = 0
     wall_s: float = 0.0
     schedule_wall_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
@@ -129,6 +187,9 @@ class RunReport:
         return {
             "pods_total": self.pods_total, "pods_bound": self.pods_bound,
             "pods_unschedulable": self.pods_unschedulable, "pods_pending": self.pods_pending,
+            "pods_deleted_unbound": self.pods_deleted_unbound,
+            "started": self.started, "interrupted": self.interrupted, "timed_out": self.timed_out,
+            "redis_restarts": self.redis_restarts, "ledger_rebuilds": self.ledger_rebuilds,
             "throughput_pods_per_s": round(self.throughput, 1), "latency_ms": self.latency_ms(),
             "overcommitted_nodes": len(inv.get("overcommitted_nodes", ())),
             "admission_rejections": int(inv.get("admission_rejections", 0)),
@@ -247,6 +308,7 @@ class EmbeddedRun:
         self._started_ray = False
         self._actors: list[Any] = []  # every actor this run created, killed by _stop
         self.coordinator_restarts = 0
+        self._created = 0  # workload pods created in the cluster so far (by the feeder)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -260,13 +322,24 @@ class EmbeddedRun:
             except ShardschedError as e:
                 raise RunError(f"could not start the embedded Redis: {e}") from None
             redis_url = self.redis.url
-        try:
-            if not ray.is_initialized():
+        if not ray.is_initialized():
+            self._started_ray = True  # from here on, _stop shuts Ray down, also when ray.init is interrupted
+            # ray.init installs a SIGTERM handler that exits at once (SystemExit 15, no orderly
+            # stop): the caller's is restored after it, and a SIGTERM during it is a SIGTERM
+            in_main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+            try:
                 ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=True, configure_logging=False)
-                self._started_ray = True
-        except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
-            raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
+            except SystemExit as e:
+                if e.code != signal.SIGTERM:
+                    raise
+                raise Interrupted(signal.SIGTERM) from None
+            except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
+                raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
+            finally:
+                if in_main and sigterm is not None:
+                    signal.signal(signal.SIGTERM, sigterm)
         self.meter.add(os.getpid(), "driver")
         if self.redis is not None and self.redis.pid:
             self.meter.add(self.redis.pid, "redis")
@@ -360,8 +433,8 @@ class EmbeddedRun:
                     pass
             if self.coordinator is not None:
                 kill_shard_actors(self.prefix)  # detached: replaced incarnations still alive too
-            if self._started_ray:
-                ray.shutdown()
+        if self._started_ray:
+            ray.shutdown()  # also after an interrupted ray.init: stops what it started
         if self.redis is not None:
             self.redis.stop()
 
@@ -374,11 +447,14 @@ class EmbeddedRun:
             if steps is None:
                 pods = [p for _, _, p in self.workload]
                 for i in range(0, len(pods), CREATE_CHUNK):
+                    if stop.is_set():
+                        return
                     chunk = pods[i:i + CREATE_CHUNK]
                     now = time.time()
                     for p in chunk:
                         p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
                     ray.get(self.cluster.create_pods.remote(chunk))
+                    self._created += len(chunk)
                 return
             pending: list = []
             for step in steps:
@@ -403,6 +479,7 @@ class EmbeddedRun:
             p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
         if creates:
             ray.get(self.cluster.create_pods.remote(creates))
+            self._created += len(creates)
         for s in steps:
             if s.action == "delete":
                 meta = s.pod["metadata"]
@@ -414,31 +491,65 @@ class EmbeddedRun:
 
     # ------------------------------------------------------------------ main
     def run(self) -> RunReport:
+        """Start, feed the workload, follow it until it settles (or ``timeout_s``), report, stop.
+
+        SIGINT and SIGTERM (when called in the main thread) stop the run in order: the feeder stops,
+        the coordinator and shards stop (binds in flight finish), the report counts what was done,
+        and everything started is stopped, Ray included (also during its start-up). The report's
+        ``interrupted`` names the signal; ``started`` is False when it came before the workload.
+
+        Raises:
+            RunError: Redis, Ray or the actors could not start, or the embedded redis-server
+                exited and could not be started again.
+        """
         report = RunReport(shards=self.options.shards, nodes=len(self.nodes), pods_total=len(self.workload))
         started = time.monotonic()
-        try:
-            self._start()
-            report.wall_s = 0.0
-            t0 = time.monotonic()
-            stop = threading.Event()
-            self._t0_unix = time.time()
-            feeder = threading.Thread(target=self._drive, args=(t0, stop), daemon=True)
-            feeder.start()
-            self._follow(report, t0, feeder)
-            stop.set()
-            feeder.join(timeout=5)
-            self._collect(report)
-        except KeyboardInterrupt:
-            report.errors.append("interrupted")
+        stop = threading.Event()
+        feeder = None
+        with _interruptible() as signals:
             try:
-                self._collect(report)
-            except Exception:  # noqa: BLE001
-                pass
-        finally:
-            report.wall_s = time.monotonic() - started
-            self._stop()
+                log.info("starting Redis, Ray, the simulated cluster and the actors")
+                self._start()
+                log.info("scheduling: %d pods on %d nodes, %d shards", len(self.workload), len(self.nodes),
+                         self.options.shards)
+                t0 = time.monotonic()
+                self._t0_unix = time.time()
+                feeder = threading.Thread(target=self._drive, args=(t0, stop), daemon=True)
+                report.started = True
+                feeder.start()
+                self._follow(report, t0, feeder)
+                self._settle(report, stop, feeder)
+            except KeyboardInterrupt as interrupt:
+                signals["stopping"] = True
+                report.interrupted = (signal.Signals(interrupt.signum).name if isinstance(interrupt, Interrupted)
+                                      else "SIGINT")
+                log.warning("%s: stopping the run", report.interrupted)
+                if report.started:
+                    if not report.schedule_wall_s:
+                        report.schedule_wall_s = time.monotonic() - t0
+                    try:
+                        self._settle(report, stop, feeder)
+                    except Exception as e:  # noqa: BLE001 - on the way out: say what is missing
+                        report.errors.append(f"the report is incomplete: {type(e).__name__}: {e}")
+            finally:
+                signals["stopping"] = True
+                report.wall_s = time.monotonic() - started
+                self._stop()
         report.errors.extend(self._feeder_error)
         return report
+
+    def _settle(self, report: RunReport, stop: threading.Event, feeder: threading.Thread | None) -> None:
+        """Stop feeding and `_collect`. A run that did not settle (interrupted, timed out) first
+        stops the coordinator and shards (binds in flight finish) and lets the coordinator catch up
+        with the watch: its counts are then read from a cluster that no longer changes, so each pod
+        is counted once and a pod created or bound a moment ago is not taken for lost."""
+        stop.set()
+        if feeder is not None and feeder.ident is not None:
+            feeder.join(timeout=5)
+        if report.interrupted or report.timed_out:
+            ray.get(self.coordinator.stop.remote(), timeout=30)
+            ray.get(self.coordinator.catch_up.remote(), timeout=30)
+        self._collect(report)
 
     def _drive(self, t0: float, stop: threading.Event) -> None:
         """Feed the workload and carry out the ``scale_at`` steps at their times; ends when both are
@@ -460,11 +571,15 @@ class EmbeddedRun:
                 log.exception("scale step failed")
 
     def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
+        """Sample progress until the run settles or times out; the period grows from 20 ms to
+        `FOLLOW_PERIOD_S` over the first seconds, so that a run of a second still gets a curve."""
         total = report.pods_total
         last_bound = -1
         done_at = None
+        report.samples.append(Sample(0.0, 0, 0, 0.0))
         while True:
-            time.sleep(0.25)
+            time.sleep(min(FOLLOW_PERIOD_S, max(0.02, (time.monotonic() - t0) / 20)))
+            self._supervise_redis(report, t0)
             # read before the counts: pods created after this read are then counted next time
             feeder_done = not feeder.is_alive()
             counts = ray.get(self.cluster.progress.remote())
@@ -486,9 +601,34 @@ class EmbeddedRun:
                 report.schedule_wall_s = done_at or elapsed
                 return
             if elapsed > self.options.timeout_s:
-                report.errors.append(f"timed out after {self.options.timeout_s:.0f} s with {status['pending']} pods pending")
+                report.timed_out = True
+                report.errors.append(f"timed out after {self.options.timeout_s:g} s with {status['pending']} pods pending")
                 report.schedule_wall_s = elapsed
                 return
+
+    def _supervise_redis(self, report: RunReport, t0: float) -> None:
+        """When the embedded redis-server exited, log it and start it again on the same port with
+        the same password (`EmbeddedRedis.restart`): it comes back empty, and the coordinator
+        rebuilds the ledger from the cluster when it sees Redis' new run id
+        (`Coordinator.check_ledger`), as after any Redis restart. A Redis given by URL is not ours
+        to restart.
+
+        Raises:
+            RunError: it does not start again.
+        """
+        if self.redis is None or self.redis.running:
+            return
+        code, pid = self.redis.returncode, self.redis.pid
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
+        at_s = time.monotonic() - t0
+        log.error("the embedded redis-server (pid %s) exited (%s) %.1f s into the run; starting it again on port %d",
+                  pid, how, at_s, self.redis.port)
+        try:
+            self.redis.restart()
+        except RedisServerError as e:
+            raise RunError(f"the embedded redis-server exited ({how}) and did not start again: {e}") from None
+        self.meter.add(self.redis.pid, "redis")
+        report.redis_restarts.append({"at_s": round(at_s, 1), "pid": pid, "exit": how})
 
     def _utilization(self, bound_now: int) -> float:
         """Cluster CPU requested by the bound workload pods / allocatable (uses the workload's mean
@@ -515,15 +655,21 @@ class EmbeddedRun:
             report.latencies_s.extend(st.latencies_s)
             report.conflicts += st.conflicts
         report.invariants = inv
-        report.pods_bound = inv["pods_bound"]
+        tracked = set(ray.get(self.coordinator.pending_keys.remote()))
+        unbound = inv["pods_unbound"]
+        report.lost_pods = len([k for k in unbound if k not in tracked])
+        # pods ever bound (a trace's pods bound, then deleted at their end time, count too): every
+        # successful bind, less those of a pod already bound (double_binds, reported on their own)
+        report.pods_bound = int(inv["binds"]) - int(inv["double_binds"])
         report.pods_unschedulable = status["unschedulable"]
-        report.pods_pending = status["pending"] - status["unschedulable"]
+        report.pods_deleted_unbound = max(0, self._created - report.pods_bound - len(unbound))
+        report.pods_pending = max(0, report.pods_total - report.pods_bound - report.pods_unschedulable
+                                  - report.pods_deleted_unbound - report.lost_pods)
         report.requeues = status["requeues"]
         report.replaced_shards = status["replaced_shards"]
+        report.ledger_rebuilds = status["ledger_rebuilds"]
         report.coordinator_restarts = self.coordinator_restarts
         report.unschedulable_reasons = ray.get(self.coordinator.unschedulable_reasons.remote())
-        tracked = set(ray.get(self.coordinator.pending_keys.remote()))
-        report.lost_pods = len([k for k in inv["pods_unbound"] if k not in tracked])
         report.cpu_s = self.meter.cpu_s()
         report.cpu_s_by_process = self.meter.cpu_by_label()
         report.ray_system_cpu_s = self.system_meter.cpu_s()

@@ -206,6 +206,12 @@ class EmbeddedRedis:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def returncode(self) -> int | None:
+        """How the server ended when it exited on its own (``Popen.returncode``: exit status, or
+        minus the signal number); None while it runs, before `start` and after `stop`."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -246,8 +252,8 @@ class EmbeddedRedis:
             raise error
 
     def restart(self, *, crash: bool = False, down_s: float = 0.0) -> None:
-        """Stop the server (SIGTERM, or SIGKILL when ``crash``) and start it again on the same port
-        with the same password, after ``down_s`` seconds down (an outage longer than a restart).
+        """Stop the server (SIGTERM, or SIGKILL when ``crash``; nothing when it already exited) and
+        start it again on the same port with the same password, after ``down_s`` seconds down (an outage longer than a restart).
         Without ``appendonly`` it comes back empty. With it, a SIGTERM restart keeps every write; a
         crash keeps what reached the AOF, which with Redis' default ``appendfsync everysec`` may
         miss the last ~2 s of acknowledged writes, as a real Redis crash would (the ledger's
