@@ -21,6 +21,8 @@ EXIT_TIMEOUT = 4
 EXIT_SIGNAL_BASE = 128
 #: a trace replay without --time-scale is compressed to about this long
 TRACE_REPLAY_TARGET_S = 60.0
+#: a replayed pod lifetime below this (median) is warned about: such pods may go before they are scheduled
+TRACE_SHORT_LIFETIME_S = 0.1
 
 #: the field report's table (5,000 nodes of 8C/16G, 1C/1Gi pods): avg, P99 latency (s), pods/s,
 #: scheduler cores, memory (GB)
@@ -204,7 +206,8 @@ def exit_status(report) -> int:
 def _trace_time_scale(workload, given: float | None, timeout_s: float) -> float:
     """The replay's time scale: ``given``, else the trace's span (first creation to last creation
     or deletion) over `TRACE_REPLAY_TARGET_S`, at least 1000. Says on stderr how long the replay
-    takes, and warns when that is longer than --timeout."""
+    takes, and warns when that is longer than --timeout, or when the median pod lifetime at this
+    scale is under `TRACE_SHORT_LIFETIME_S`."""
     first = min(c for c, _, _ in workload)
     last = max(max(c, d if d is not None else c) for c, d, _ in workload)
     span_s = last - first
@@ -215,6 +218,10 @@ def _trace_time_scale(workload, given: float | None, timeout_s: float) -> float:
     if replay_s > timeout_s:
         click.echo(f"warning: the replay takes longer than --timeout {timeout_s:g} s; raise --time-scale "
                    f"to at least {span_s / timeout_s:.0f} or --timeout", err=True)
+    lifetimes = sorted(d - c for c, d, _ in workload if d is not None)
+    if lifetimes and lifetimes[len(lifetimes) // 2] / scale < TRACE_SHORT_LIFETIME_S:
+        click.echo(f"warning: at this scale half of the pods live under {1000 * lifetimes[len(lifetimes) // 2] / scale:.1f}"
+                   " ms: many will be deleted before they are scheduled (counted as 'deleted before bound')", err=True)
     return scale
 
 
