@@ -42,6 +42,17 @@ FOLLOW_PERIOD_S = 0.25
 SCALE_SETTLE_S = 1.0
 
 
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 class RunError(ShardschedError):
     """The run could not start or went wrong in a way that needs the operator (message says what)."""
 
@@ -57,21 +68,27 @@ class Interrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _interruptible():
-    """While inside, SIGINT and SIGTERM raise `Interrupted` in the main thread, once: a later signal,
-    or one after the yielded dict's ``"stopping"`` was set, is logged and ignored (the run is
-    already stopping in order). The previous handlers are restored on exit. A no-op outside the
-    main thread (Python runs signal handlers in the main thread only)."""
-    state = {"stopping": False}
+    """While inside, SIGINT and SIGTERM raise `Interrupted` in the main thread, once. The yielded
+    dict steers it: after ``"stopping"`` is set (the run already stops in order) a signal is logged
+    and ignored; while ``"defer"`` is set it is kept in ``"pending"`` for the caller to raise later
+    (`_init_ray`); ``"received"`` is the signal that was raised. The previous handlers are restored on exit. A no-op outside the main thread
+    (Python runs signal handlers in the main thread only)."""
+    state: dict[str, Any] = {"stopping": False, "defer": False, "pending": None, "received": None}
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
         if state["stopping"]:
-            log.warning("%s received while stopping; still stopping", signal.Signals(signum).name)
-            return
-        state["stopping"] = True
-        raise Interrupted(signum)
+            log.warning("%s received while stopping; still stopping", name)
+        elif state["defer"]:
+            log.warning("%s received while Ray starts; stopping once it has started", name)
+            state["pending"] = state["pending"] or signum
+        else:
+            state["stopping"] = True
+            state["received"] = signum  # Ray may turn the exception into a plain KeyboardInterrupt
+            raise Interrupted(signum)
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in saved:
@@ -306,6 +323,8 @@ class EmbeddedRun:
         self._mean_cpu = sum(sample) / len(sample) if sample else 0.0
         self._metrics_server = None
         self._started_ray = False
+        self._ray_down = threading.Event()  # set by _stop once Ray is shut down (see _init_ray)
+        self._signals: dict[str, Any] = {"stopping": False, "defer": False, "pending": None, "received": None}  # see _interruptible
         self._actors: list[Any] = []  # every actor this run created, killed by _stop
         self.coordinator_restarts = 0
         self._created = 0  # workload pods created in the cluster so far (by the feeder)
@@ -323,23 +342,7 @@ class EmbeddedRun:
                 raise RunError(f"could not start the embedded Redis: {e}") from None
             redis_url = self.redis.url
         if not ray.is_initialized():
-            self._started_ray = True  # from here on, _stop shuts Ray down, also when ray.init is interrupted
-            # ray.init installs a SIGTERM handler that exits at once (SystemExit 15, no orderly
-            # stop): the caller's is restored after it, and a SIGTERM during it is a SIGTERM
-            in_main = threading.current_thread() is threading.main_thread()
-            sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
-            try:
-                ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=True, configure_logging=False)
-            except SystemExit as e:
-                if e.code != signal.SIGTERM:
-                    raise
-                raise Interrupted(signal.SIGTERM) from None
-            except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
-                raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
-            finally:
-                if in_main and sigterm is not None:
-                    signal.signal(signal.SIGTERM, sigterm)
+            self._init_ray()
         self.meter.add(os.getpid(), "driver")
         if self.redis is not None and self.redis.pid:
             self.meter.add(self.redis.pid, "redis")
@@ -354,6 +357,63 @@ class EmbeddedRun:
         self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
         if o.metrics_port:
             self._serve_metrics(o.metrics_port)
+
+    def _init_ray(self) -> None:
+        """Start (or join) Ray, with SIGINT and SIGTERM deferred until it has started.
+
+        A signal in the middle of ``ray.init`` would leave what it started so far without an owner
+        (``ray.shutdown`` knows the node only at the end): the raylet goes with this process, but
+        its dashboard and runtime-env agents ignore SIGTERM and outlive it. So ``ray.init`` runs in
+        a helper thread, where it installs no SIGTERM handler of its own (in the main thread it
+        installs one that exits at once); the main thread waits, `_interruptible` keeps the signal,
+        and it is raised once Ray is up, when `_stop` can shut all of it down. The helper thread
+        lives until `_stop` has shut Ray down: Ray ties its daemons to the thread that started them
+        (``PR_SET_PDEATHSIG``), which would end them with it. The handlers are set again afterwards:
+        Ray's core worker installs a native SIGTERM handler that dumps a stack and exits.
+
+        Raises:
+            RunError: Ray could not start or be joined.
+            Interrupted: a signal came while it started (Ray is up; `_stop` shuts it down).
+        """
+        o = self.options
+        self._started_ray = True
+        outcome: list[BaseException] = []
+
+        up = threading.Event()
+
+        def init() -> None:
+            try:
+                ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=True, configure_logging=False)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                outcome.append(e)
+            up.set()
+            self._ray_down.wait()
+
+        in_main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+        worker_log = logging.getLogger("ray._private.worker")
+        not_main = _DropMessage("SIGTERM handler is not set because current thread is not the main thread")
+        worker_log.addFilter(not_main)
+        self._signals["defer"] = True
+        try:
+            thread = threading.Thread(target=init, name="ray-init", daemon=True)
+            thread.start()
+            while not up.wait(0.1):
+                pass
+        finally:
+            self._signals["defer"] = False
+            worker_log.removeFilter(not_main)
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+        if outcome:
+            e = outcome[0]
+            raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
+        if self._signals["pending"]:
+            self._signals["stopping"] = True
+            self._signals["received"] = self._signals["pending"]
+            raise Interrupted(self._signals["pending"])
 
     def _new_cluster(self) -> Any:
         """The simulated cluster's actor (a subclass may serve a variant of `SimClusterHost`)."""
@@ -434,7 +494,8 @@ class EmbeddedRun:
             if self.coordinator is not None:
                 kill_shard_actors(self.prefix)  # detached: replaced incarnations still alive too
         if self._started_ray:
-            ray.shutdown()  # also after an interrupted ray.init: stops what it started
+            ray.shutdown()
+            self._ray_down.set()
         if self.redis is not None:
             self.redis.stop()
 
@@ -507,6 +568,7 @@ class EmbeddedRun:
         stop = threading.Event()
         feeder = None
         with _interruptible() as signals:
+            self._signals = signals
             try:
                 log.info("starting Redis, Ray, the simulated cluster and the actors")
                 self._start()
@@ -521,8 +583,8 @@ class EmbeddedRun:
                 self._settle(report, stop, feeder)
             except KeyboardInterrupt as interrupt:
                 signals["stopping"] = True
-                report.interrupted = (signal.Signals(interrupt.signum).name if isinstance(interrupt, Interrupted)
-                                      else "SIGINT")
+                signum = signals.get("received") or getattr(interrupt, "signum", signal.SIGINT)
+                report.interrupted = signal.Signals(signum).name
                 log.warning("%s: stopping the run", report.interrupted)
                 if report.started:
                     if not report.schedule_wall_s:
