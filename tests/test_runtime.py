@@ -492,3 +492,15 @@ def test_a_run_that_times_out_exits_4_and_still_plots(tmp_path):
     assert_counted_once(data)
     assert data["lost_pods"] == 0 and data["pods_pending"] > 0
     assert plot.stat().st_size > 0
+
+
+def test_a_plot_that_cannot_be_saved_comes_after_the_summary(tmp_path):
+    """The folder is fine (checked before the run) but saving fails at the end (an image format
+    matplotlib does not know): the summary is printed first, then one error line, exit status 1."""
+    proc = subprocess.run(CLI + ["run", "--nodes", "10", "--pods", "20", "-o", "json", "--timeout", "60",
+                                 "--plot", str(tmp_path / "p.nope")], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["pods_bound"] == 20
+    assert proc.stderr.rstrip().splitlines()[-1].startswith(f"error: --plot {tmp_path / 'p.nope'}: could not write the plot")
+    assert "Traceback" not in proc.stderr
