@@ -28,7 +28,7 @@ from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.kube.client import ClientSpec
 from shardsched.kube.cluster import KubeCluster
-from shardsched.sharding.scaling import AutoscalerOptions
+from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import ShardOptions
 from shardsched.store.server import EmbeddedRedis
 
@@ -191,8 +191,9 @@ class KubeRuntime:
             in_main = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
             try:
-                ray.init(address=self.options.ray_address, include_dashboard=False, logging_level=logging.WARNING,
-                         configure_logging=False)
+                # serve's job in shardsched's namespace, where its named (and detached) actors live
+                ray.init(address=self.options.ray_address, namespace=RAY_NAMESPACE, include_dashboard=False,
+                         logging_level=logging.WARNING, configure_logging=False)
             except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
                 raise ShardschedError(f"could not start or join Ray ({self.options.ray_address or 'local'}): {e}") from None
             finally:

@@ -26,7 +26,7 @@ import ray
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors, sim_cluster_actor
-from shardsched.sharding.scaling import AutoscalerOptions
+from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig
 from shardsched.sim.trace import TraceReplay
@@ -383,8 +383,9 @@ class EmbeddedRun:
 
         def init() -> None:
             try:
-                ray.init(address=o.ray_address, include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=True, configure_logging=False)
+                # the run's job in shardsched's namespace, where its named (and detached) actors live
+                ray.init(address=o.ray_address, namespace=RAY_NAMESPACE, include_dashboard=False,
+                         logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 outcome.append(e)
             up.set()
