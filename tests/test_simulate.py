@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,10 +17,12 @@ SHARED_CASES = ROOT.parent / "shared" / "simulate-cases"
 CLI = [sys.executable, "-m", "shardsched.cli.main"]
 
 
-def simulate(tmp_path: Path, manifests: str, *args: str, name: str = "in.yaml") -> subprocess.CompletedProcess:
+def simulate(tmp_path: Path, manifests: str, *args: str, name: str = "in.yaml",
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / name
     path.write_text(textwrap.dedent(manifests))
-    return subprocess.run(CLI + ["simulate", "-f", str(path), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(CLI + ["simulate", "-f", str(path), *args], capture_output=True, text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def node(name: str, cpu: str = "4", extra: str = "") -> str:
@@ -232,6 +235,17 @@ def test_refused_objects_are_named_and_left_out(invalid_run, number, expected):
     assert any(expected in line for line in lines), invalid_run.stderr
     out = json.loads(invalid_run.stdout)
     assert [(p["name"], p["status"]) for p in out["pods"]] == [("fine", "Scheduled")]  # the rest still runs
+
+
+def test_the_table_shows_names_and_reasons_as_written(tmp_path):
+    """Text in square brackets (a gate list, a name) is printed as is, not read as table markup; a
+    gate name that is not a qualified name is refused as the API server refuses it."""
+    gated = pod("held", cpu="100m", spec_extra="schedulingGates: [{name: example.com/wait}, {name: bold}]")
+    bad_gate = pod("odd", cpu="100m", spec_extra="schedulingGates: [{name: '[/x]'}]")
+    run = simulate(tmp_path, node("n1") + gated + bad_gate, env={"COLUMNS": "250"})  # no wrapped cells
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "waiting for scheduling gates: [example.com/wait bold]" in run.stdout, run.stdout
+    assert "spec.schedulingGates[0].name: '[/x]': " in run.stderr, run.stderr
 
 
 def test_errors_come_in_document_order(invalid_run):

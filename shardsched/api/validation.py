@@ -12,7 +12,8 @@ rejects answers a question nobody can ask a cluster. The rules are those of k8s.
   (``validateContainerResourceName``, ``IsExtendedResourceName``); a request may not exceed its
   limit; extended resources and hugepages cannot be overcommitted, so a request needs a limit and
   must equal it; extended resources are whole numbers (``ValidateResourceQuantityValue``);
-- pod-level resources (``spec.resources``): cpu, memory and hugepages only, requests within limits.
+- pod-level resources (``spec.resources``): cpu, memory and hugepages only, requests within limits;
+- scheduling gates: each name a qualified name (``validateSchedulingGates``).
 
 Problems are ``(field path, message)`` pairs, every problem of an object at once, as the API server
 answers a create with all of its field errors.
@@ -228,4 +229,10 @@ def pod_problems(pod: Mapping[str, Any]) -> Problems:
             if isinstance(container, Mapping):
                 problems += container_resources_problems(container.get("resources"), f"spec.{field}[{i}].resources")
     problems += pod_level_resources_problems(spec.get("resources"))
+    gates = spec.get("schedulingGates")
+    for i, gate in enumerate(gates if isinstance(gates, list) else ()):
+        name = gate.get("name") if isinstance(gate, Mapping) else None
+        problem = qualified_name_problem(name) if isinstance(name, str) and name else None
+        if problem:  # as ValidateSchedulingGates: each gate's name is a qualified name
+            problems.append((f"spec.schedulingGates[{i}].name", f"{name!r}: {problem}"))
     return problems

@@ -75,6 +75,7 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
 
 def _print_table(report) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from shardsched.api.quantity import format_quantity
@@ -88,11 +89,13 @@ def _print_table(report) -> None:
         pods.add_column(col, overflow="fold")
     for p in report.pods:
         style = {"Scheduled": "green", "Unschedulable": "red"}.get(p.status, "yellow")
-        pods.add_row(f"{p.namespace}/{p.name}", f"[{style}]{p.status}[/]", p.node or "-", fmt(p.requests), p.reason)
+        # names and reasons are the user's text: "[...]" in them is not markup
+        pods.add_row(escape(f"{p.namespace}/{p.name}"), f"[{style}]{p.status}[/]", escape(p.node or "-"),
+                     fmt(p.requests), escape(p.reason))
     console.print(pods)
     nodes = Table(title="Nodes")
     for col in ("node", "allocatable", "requested"):
         nodes.add_column(col, overflow="fold")
     for n in report.nodes:
-        nodes.add_row(n["name"], fmt(n["allocatable"]), fmt(n["requested"]))
+        nodes.add_row(escape(n["name"]), fmt(n["allocatable"]), fmt(n["requested"]))
     console.print(nodes)
