@@ -482,6 +482,22 @@ def test_a_killed_embedded_redis_is_reported_and_started_again(tmp_path):
     assert data["pods_bound"] == 1000
 
 
+def test_ctrl_c_while_the_run_reads_its_input_exits_130_with_one_line(tmp_path):
+    """A Ctrl-C before the run's own handlers are set (its input files are being read: here a
+    trace that is a pipe nobody writes to, so the read waits) exits 130 with one line, not with
+    click's "Aborted!" and status 1."""
+    fifo = tmp_path / "trace.csv"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(CLI + ["run", "--trace", str(fifo), "--trace-nodes", str(fifo)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(3)  # imported, reading the pipe
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted during start-up (SIGINT); nothing was scheduled", err[-3000:]
+    assert "Aborted!" not in err and out == ""
+
+
 def test_a_run_that_times_out_exits_4_and_still_plots(tmp_path):
     """--timeout with pods pending: exit status 4, each pod counted once; a short run's plot has
     samples from its first moments (the sampling period starts short)."""
@@ -493,6 +509,8 @@ def test_a_run_that_times_out_exits_4_and_still_plots(tmp_path):
     assert data["timed_out"] is True and data["interrupted"] is None
     assert_counted_once(data)
     assert data["lost_pods"] == 0 and data["pods_pending"] > 0
+    # the note gives the summary's pending count (not the coordinator's, which has the unschedulable too)
+    assert f"timed out after 2 s with {data['pods_pending']} pods pending" in data["errors"]
     assert plot.stat().st_size > 0
 
 

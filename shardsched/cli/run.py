@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 
 import click
@@ -133,8 +134,45 @@ def run(**kw) -> None:
       4    timed out (--timeout) with pods pending
       130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM (128 + the signal's number)
     """
+    try:  # imports (Ray's), files, workload: a Ctrl-C here comes before the run's own handlers
+        config, nodes, workload, options = _prepare(kw)
+    except KeyboardInterrupt:
+        click.echo("interrupted during start-up (SIGINT); nothing was scheduled", err=True)
+        sys.exit(EXIT_SIGNAL_BASE + signal.SIGINT)
+    from shardsched.sharding.runtime import EmbeddedRun, RunError
+
+    show_progress = kw["output"] == "table" and sys.stderr.isatty()
+    try:
+        with _stdout_to_stderr(kw["output"] == "json"):
+            report = _execute(EmbeddedRun, config, nodes, workload, options, show_progress)
+    except RunError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_FAILED)
+    code = exit_status(report)
+    if not report.started:
+        click.echo(f"interrupted during start-up ({report.interrupted}); nothing was scheduled", err=True)
+        sys.exit(code)
+    if kw["output"] == "json":
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        _print_summary(report)
+    if kw["plot_path"]:
+        try:
+            _plot(report, kw["plot_path"])
+        except (OSError, ValueError) as e:  # ValueError: matplotlib knows no such image format
+            click.echo(f"error: --plot {kw['plot_path']}: could not write the plot: {getattr(e, 'strerror', None) or e}",
+                       err=True)
+            code = code or EXIT_FAILED
+    sys.exit(code)
+
+
+
+def _prepare(kw: dict):
+    """The configuration, nodes, workload and `RunOptions` of ``run``'s arguments, with the checks
+    that need no Ray (Redis and Ray addresses answer). Exits with status 1 after one ``error:`` line
+    when something is wrong."""
     from shardsched.config import load_config
-    from shardsched.sharding.runtime import EmbeddedRun, RunError, RunOptions
+    from shardsched.sharding.runtime import RunOptions
     from shardsched.sharding.shard import ShardOptions
     from shardsched.sim.cluster import FaultConfig
 
@@ -163,36 +201,12 @@ def run(**kw) -> None:
         timeout_s=kw["timeout_s"], time_scale=time_scale, metrics_port=kw["metrics_port"],
         scale_at=kw["scale_at"], autoscaler=autoscaler,
     )
-    show_progress = kw["output"] == "table" and sys.stderr.isatty()
-    try:
-        with _stdout_to_stderr(kw["output"] == "json"):
-            report = _execute(EmbeddedRun, config, nodes, workload, options, show_progress)
-    except RunError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(EXIT_FAILED)
-    code = exit_status(report)
-    if not report.started:
-        click.echo(f"interrupted during start-up ({report.interrupted}); nothing was scheduled", err=True)
-        sys.exit(code)
-    if kw["output"] == "json":
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        _print_summary(report)
-    if kw["plot_path"]:
-        try:
-            _plot(report, kw["plot_path"])
-        except (OSError, ValueError) as e:  # ValueError: matplotlib knows no such image format
-            click.echo(f"error: --plot {kw['plot_path']}: could not write the plot: {getattr(e, 'strerror', None) or e}",
-                       err=True)
-            code = code or EXIT_FAILED
-    sys.exit(code)
+    return config, nodes, workload, options
 
 
 def exit_status(report) -> int:
     """``run``'s exit status for a report (the table in ``run --help``): an invariant violated
     comes first, then an interruption (128 + the signal's number), then a timeout."""
-    import signal
-
     data = report.to_json()
     if data["overcommitted_nodes"] or data["admission_rejections"] or data["double_binds"] or data["lost_pods"]:
         return EXIT_INVARIANT
@@ -327,7 +341,8 @@ def _print_summary(report) -> None:
         console.print(f"[yellow]the embedded redis-server (pid {r['pid']}) exited ({r['exit']}) at {r['at_s']:.1f} s and "
                       "was started again[/]", highlight=False)
     if data["redis_restarts"] or data["ledger_rebuilds"]:
-        console.print(f"[yellow]ledger rebuilt from the cluster {data['ledger_rebuilds']} times[/]", highlight=False)
+        times = "once" if data["ledger_rebuilds"] == 1 else f"{data['ledger_rebuilds']} times"
+        console.print(f"[yellow]ledger rebuilt from the cluster {times}[/]", highlight=False)
     for err in data["errors"]:
         console.print(f"[yellow]note: {err}[/]")
 

@@ -664,8 +664,7 @@ class EmbeddedRun:
                 report.schedule_wall_s = done_at or elapsed
                 return
             if elapsed > self.options.timeout_s:
-                report.timed_out = True
-                report.errors.append(f"timed out after {self.options.timeout_s:g} s with {status['pending']} pods pending")
+                report.timed_out = True  # said among the errors once the summary's counts are taken
                 report.schedule_wall_s = elapsed
                 return
 
@@ -728,6 +727,8 @@ class EmbeddedRun:
         report.pods_deleted_unbound = max(0, self._created - report.pods_bound - len(unbound))
         report.pods_pending = max(0, report.pods_total - report.pods_bound - report.pods_unschedulable
                                   - report.pods_deleted_unbound - report.lost_pods)
+        if report.timed_out:  # the summary's pending count (the coordinator's includes the unschedulable)
+            report.errors.append(f"timed out after {self.options.timeout_s:g} s with {report.pods_pending} pods pending")
         report.requeues = status["requeues"]
         report.replaced_shards = status["replaced_shards"]
         report.ledger_rebuilds = status["ledger_rebuilds"]
