@@ -432,7 +432,16 @@ class EmbeddedRun:
         except ShardschedError as e:
             raise RunError(str(e)) from None
         self._actors.append(self.coordinator)
-        ray.get(self.coordinator.start.remote(adopt))
+        try:
+            ray.get(self.coordinator.start.remote(adopt))
+        except ray.exceptions.RayTaskError as e:  # its first list, the ledger's set-up in Redis, ...
+            cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
+            if self.redis is not None and not self.redis.running:
+                code = self.redis.returncode
+                how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
+                raise RunError(f"the embedded redis-server exited ({how}) while the run started; nothing was "
+                               "scheduled") from None
+            raise RunError(f"the coordinator could not start: {type(cause).__name__}: {cause}") from None
         self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
         self._meter_shards()
 
