@@ -488,8 +488,11 @@ def test_ctrl_c_while_the_run_reads_its_input_exits_130_with_one_line(tmp_path):
     click's "Aborted!" and status 1."""
     fifo = tmp_path / "trace.csv"
     os.mkfifo(fifo)
+    # as from a terminal: SIGINT at its default (a test session started in the background of a
+    # script ignores it, and a child inherits that until it sets a handler of its own)
     proc = subprocess.Popen(CLI + ["run", "--trace", str(fifo), "--trace-nodes", str(fifo)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)  # imported, reading the pipe
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
