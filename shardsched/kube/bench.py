@@ -592,18 +592,25 @@ class Bench:
             f.result()
         return names
 
+    def _baseline_client(self, pods: list[dict], nodes: list[str]) -> tuple[KubeCluster, list[tuple]]:
+        """The baseline's client (the shards' bind path, no rate limit, no Events) with its
+        connections open, and the binds of ``pods`` round-robin over ``nodes`` for its
+        `KubeCluster.bind_many`. The connections open before any clock starts, as shardsched's
+        shards open theirs at start-up."""
+        binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
+                             emit_scheduled=False)
+        items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
+                 for i, p in enumerate(pods)]
+        binder.open_connections(1)
+        return binder, items
+
     def api_baseline(self, n: int, nodes: list[str], report: BenchReport, phase: str = "before") -> None:
         """Measurements 1 and 3 (module docstring): ``n`` binds from one client; adds a row to
         ``report.api_baselines`` and updates the combined figures."""
         names = [f"bench-api-{self.run_id}-{phase[0]}{i:06d}" for i in range(n)]
         self._baseline_names = names  # for `cleanup`, should this be interrupted
         created = self._create([_pod(name, self.namespace, UNSERVED, self._run_nodes) for name in names])
-        binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED], bind_workers=self.workers,
-                             emit_scheduled=False)
-        items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
-                 for i, p in enumerate(created)]
-        # its connections open before the clock starts, as shardsched's shards open theirs at start-up
-        binder.open_connections(1)
+        binder, items = self._baseline_client(created, nodes)
         self._server_gc(report, phase)
         before = server_sample(self.api)
         done = threading.Event()
@@ -709,12 +716,8 @@ class Bench:
         Returns the window's start (Unix s, the ``started_at`` of `measure`); call `end_null`
         after `measure`."""
         report.null = True
-        self._null_binder = binder = KubeCluster(dataclasses.replace(self.spec, qps=0), [UNSERVED],
-                                                 bind_workers=self.workers, emit_scheduled=False)
-        nodes = self._nodes
-        items = [(self.namespace, p["metadata"]["name"], nodes[i % len(nodes)], p["metadata"]["uid"])
-                 for i, p in enumerate(self._backlog)]
-        binder.open_connections(1)
+        binder, items = self._baseline_client(self._backlog, self._nodes)
+        self._null_binder = binder
         self._null_results: list = []
         self._null_error = ""
 

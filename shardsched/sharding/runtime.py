@@ -53,6 +53,14 @@ class _DropMessage(logging.Filter):
         return not record.getMessage().startswith(self.prefix)
 
 
+def _how_it_ended(returncode: int | None) -> str:
+    """A process's end in words: ``killed by SIGKILL`` (a negative return code, as subprocess gives
+    it) or ``exit status N``."""
+    if returncode is not None and returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
 class RunError(ShardschedError):
     """The run could not start or went wrong in a way that needs the operator (message says what)."""
 
@@ -437,9 +445,7 @@ class EmbeddedRun:
         except ray.exceptions.RayTaskError as e:  # its first list, the ledger's set-up in Redis, ...
             cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
             if self.redis is not None and not self.redis.running:
-                code = self.redis.returncode
-                how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
-                raise RunError(f"the embedded redis-server exited ({how}) while the run started; nothing was "
+                raise RunError(f"the embedded redis-server exited ({_how_it_ended(self.redis.returncode)}) while the run started; nothing was "
                                "scheduled") from None
             raise RunError(f"the coordinator could not start: {type(cause).__name__}: {cause}") from None
         self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
@@ -689,8 +695,7 @@ class EmbeddedRun:
         """
         if self.redis is None or self.redis.running:
             return
-        code, pid = self.redis.returncode, self.redis.pid
-        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit status {code}"
+        pid, how = self.redis.pid, _how_it_ended(self.redis.returncode)
         at_s = time.monotonic() - t0
         log.error("the embedded redis-server (pid %s) exited (%s) %.1f s into the run; starting it again on port %d",
                   pid, how, at_s, self.redis.port)
