@@ -347,6 +347,17 @@ def test_run_rejects_a_bad_value_before_starting(args, option):
     assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("command, args, message", [
+    ("run", ["--autoscale", "--min-shards", "4", "--max-shards", "2"], "--min-shards 4 is above --max-shards 2"),
+    ("serve", ["--autoscale", "--min-shards", "4", "--max-shards", "2"], "--min-shards 4 is above --max-shards 2"),
+    ("run", ["--trace", "pods.csv"], "--trace and --trace-nodes go together"),
+], ids=["run-inverted-shard-range", "serve-inverted-shard-range", "run-trace-alone"])
+def test_inconsistent_options_are_usage_errors(command, args, message):
+    result = CliRunner().invoke(cli, [command, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

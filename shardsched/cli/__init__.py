@@ -109,7 +109,9 @@ def autoscale_options(autoscale_note: str = "", max_shards_help: str = "With --a
 def autoscaler_from(kw: dict):
     """`AutoscalerOptions` from the options of `autoscale_options`, or None without --autoscale.
 
-    Raises: ValueError for an inconsistent range (min above max)."""
+    Raises: click.UsageError (exit status 2) when --min-shards is above --max-shards."""
     from shardsched.sharding.scaling import AutoscalerOptions
 
+    if kw["autoscale"] and kw["min_shards"] > kw["max_shards"]:
+        raise click.UsageError(f"--min-shards {kw['min_shards']} is above --max-shards {kw['max_shards']}")
     return AutoscalerOptions(min_shards=kw["min_shards"], max_shards=kw["max_shards"]) if kw["autoscale"] else None

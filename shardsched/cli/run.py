@@ -129,7 +129,7 @@ def run(**kw) -> None:
     Exit status:
       0    every pod bound or unschedulable, invariants hold
       1    could not start (Redis, Ray, config or trace file), or the plot could not be written
-      2    bad command-line usage (an option's value)
+      2    bad command-line usage (an option's value, or options that do not fit together)
       3    an invariant was violated
       4    timed out (--timeout) with pods pending
       130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM (128 + the signal's number)
@@ -264,7 +264,7 @@ def _workload(kw, scheduler_name: str):
     notes: list[str] = []
     if kw["trace_pods"] or kw["trace_nodes"]:
         if not (kw["trace_pods"] and kw["trace_nodes"]):
-            raise ValueError("--trace and --trace-nodes go together")
+            raise click.UsageError("--trace and --trace-nodes go together: give both")
         nodes, nrep = trace_mod.load_nodes(kw["trace_nodes"])
         pods, prep = trace_mod.load_pods(kw["trace_pods"], scheduler_name=scheduler_name)
         notes += nrep.skipped + prep.skipped
