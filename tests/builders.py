@@ -244,12 +244,13 @@ def _fallback_profile() -> SimpleNamespace:
     )
 
 
-def default_framework(percentage: int | None = None) -> Framework:
-    """The default profile's Framework; ``percentage`` is the global percentageOfNodesToScore."""
+def default_framework(percentage: int | None = None, partial_view: bool = False) -> Framework:
+    """The default profile's Framework; ``percentage`` is the global percentageOfNodesToScore;
+    ``partial_view`` as a shard's (`Framework`)."""
     try:
         from shardsched.config import load_config
     except ImportError:
         profile = _fallback_profile()
     else:
         profile = load_config(None).profiles[0]
-    return Framework(profile, percentage)
+    return Framework(profile, percentage, partial_view)

@@ -244,24 +244,23 @@ def test_spec_node_name_is_part_of_the_signature():
     assert sched.schedule(pod("b", cpu="1").on("n2").info()).node == "n2"
 
 
-@pytest.mark.parametrize("refused", [
-    pod("x", cpu="1").with_pod_affinity_term("podAntiAffinity"),
-    pod("x", cpu="1").with_pod_affinity_term("podAffinity"),
-    pod("x", cpu="1").with_spread("DoNotSchedule"),
-    pod("x", cpu="1").with_volume("data", persistentVolumeClaim={"claimName": "data"}),
-], ids=["anti-affinity", "affinity", "spread", "pvc"])
+@pytest.mark.parametrize("refused, partial_view, plugin", [
+    (pod("x", cpu="1").with_pod_affinity_term("podAffinity"), True, "InterPodAffinity"),
+    (pod("x", cpu="1").with_spread("DoNotSchedule"), True, "PodTopologySpread"),
+    (pod("x", cpu="1").with_volume("data", persistentVolumeClaim={"claimName": "data"}), False, "VolumeBinding"),
+], ids=["affinity-in-a-shard", "spread-in-a-shard", "pvc"])
 @pytest.mark.parametrize("refused_first", [True, False], ids=["refused-first", "plain-first"])
-def test_what_the_stand_ins_read_is_part_of_the_signature(refused, refused_first):
-    """A pod refused for a constraint shardsched does not implement (rejected at PreFilter, a
-    cached decision of its signature) and a pod identical but for that constraint must not share
-    the cached decision, in either order."""
-    sched = GenericScheduler(default_framework(), table_of(node("n1"), node("n2")))
+def test_what_prefilter_refusals_read_is_part_of_the_signature(refused, partial_view, plugin, refused_first):
+    """A pod refused at PreFilter (a constraint shardsched does not implement, or one a shard cannot
+    check from its own nodes: a cached decision of its signature) and a pod identical but for that
+    constraint must not share the cached decision, in either order."""
+    sched = GenericScheduler(default_framework(partial_view=partial_view), table_of(node("n1"), node("n2")))
     plain = pod("plain", cpu="1").info()
     order = [refused.info(), plain] if refused_first else [plain, refused.info()]
     results = {r.pod.name: r for r in (sched.schedule(p) for p in order)}
     assert results["plain"].node in ("n1", "n2")
     assert results["x"].node is None and results["x"].status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE
-    assert "which shardsched does not implement" in results["x"].status.message
+    assert f"(plugin {plugin}" in results["x"].status.message
 
 
 def test_framework_reused_with_a_new_table():

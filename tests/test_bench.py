@@ -62,9 +62,9 @@ def test_kube_like_always_uses_the_adaptive_percentage(source):
 @needs_perf_data
 @pytest.mark.parametrize("workload, status, reason", [
     ("SchedulingBasic/5000Nodes_10000Pods", perf.RUN, None),
-    ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.SKIP, "DoNotSchedule spread constraints need"),
+    ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.RUN, None),
     ("SchedulingWithMixedChurn/5000Nodes_10000Pods", perf.PARTIAL, "Service churn"),
-    ("SchedulingPodAffinity/5000Nodes_5000Pods", perf.SKIP, "InterPodAffinity"),
+    ("SchedulingPodAffinity/5000Nodes_5000Pods", perf.RUN, None),
     ("PreemptionBasic/1000Nodes", perf.SKIP, "preemption"),
     ("SchedulingDeletedPodsWithFinalizers/5000Node_5000DeletingPods", perf.SKIP, "deletePods"),
     ("SchedulingBasic/5000Nodes_50000Pods_AsyncAPICallsEnabled", perf.SKIP, "feature gates"),

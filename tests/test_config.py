@@ -66,14 +66,18 @@ def score(prof) -> list[tuple[str, int]]:
 DEFAULT_NAMES = {
     "preEnqueue": ["SchedulingGates"],
     "queueSort": ["PrioritySort"],
-    "preFilter": ["NodeAffinity", "NodePorts", "NodeResourcesFit"],
-    "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity", "NodePorts", "NodeResourcesFit"],
-    "preScore": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "NodeResourcesBalancedAllocation"],
-    "score": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "NodeResourcesBalancedAllocation"],
+    "preFilter": ["NodeAffinity", "NodePorts", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity"],
+    "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity", "NodePorts", "NodeResourcesFit",
+               "PodTopologySpread", "InterPodAffinity"],
+    "preScore": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+                 "NodeResourcesBalancedAllocation"],
+    "score": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+              "NodeResourcesBalancedAllocation"],
     "bind": ["DefaultBinder"],
 }
-DEFAULT_SCORE = [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1),
-                 ("NodeResourcesBalancedAllocation", 1)]
+DEFAULT_SCORE = [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("PodTopologySpread", 2),
+                 ("InterPodAffinity", 2), ("NodeResourcesBalancedAllocation", 1)]
+PTS_IPA = [("PodTopologySpread", 2), ("InterPodAffinity", 2)]
 
 # The field report's file (section 5.4), indentation restored, comments and trailing "---" kept.
 REPORT_FILE = """\
@@ -124,7 +128,8 @@ def test_no_configuration_gives_kube_defaults(source):
     prof = config.profiles[0]
     assert names(prof) == DEFAULT_NAMES
     assert score(prof) == DEFAULT_SCORE
-    assert sorted(prof.plugin_args) == ["NodeAffinity", "NodeResourcesBalancedAllocation", "NodeResourcesFit"]
+    assert sorted(prof.plugin_args) == ["InterPodAffinity", "NodeAffinity", "NodeResourcesBalancedAllocation",
+                                        "NodeResourcesFit", "PodTopologySpread"]
     fit = prof.plugin_args["NodeResourcesFit"]
     assert fit.scoring_strategy.type == "LeastAllocated"
     assert [(r.name, r.weight) for r in fit.scoring_strategy.resources] == [("cpu", 1), ("memory", 1)]
@@ -259,30 +264,37 @@ MERGE_CASES = [
      {"filter": ["NodeName"], "preFilter": DEFAULT_NAMES["preFilter"]}, DEFAULT_SCORE),
     ("disable-one-at-one-point",
      {"filter": plugin_set(disabled=["TaintToleration"])},
-     {"filter": ["NodeUnschedulable", "NodeName", "NodeAffinity", "NodePorts", "NodeResourcesFit"],
+     {"filter": ["NodeUnschedulable", "NodeName", "NodeAffinity", "NodePorts", "NodeResourcesFit", "PodTopologySpread",
+                 "InterPodAffinity"],
       "preScore": DEFAULT_NAMES["preScore"]}, DEFAULT_SCORE),
     ("reenable-with-weight-moves-first",
      {"score": plugin_set([("NodeResourcesBalancedAllocation", 5)])},
-     {}, [("NodeResourcesBalancedAllocation", 5), ("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1)]),
+     {}, [("NodeResourcesBalancedAllocation", 5), ("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1),
+          *PTS_IPA]),
     ("reenable-without-weight-is-weight-1",
      {"score": plugin_set(["TaintToleration"])},
-     {}, [("TaintToleration", 1), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("NodeResourcesBalancedAllocation", 1)]),
+     {}, [("TaintToleration", 1), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *PTS_IPA,
+          ("NodeResourcesBalancedAllocation", 1)]),
     ("disable-and-enable-same-plugin-goes-last",
      {"score": plugin_set([("NodeResourcesFit", 4)], ["NodeResourcesFit"])},
-     {}, [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesBalancedAllocation", 1), ("NodeResourcesFit", 4)]),
+     {}, [("TaintToleration", 3), ("NodeAffinity", 2), *PTS_IPA, ("NodeResourcesBalancedAllocation", 1),
+          ("NodeResourcesFit", 4)]),
     ("score-star-with-weight",
      {"score": plugin_set([("NodeResourcesFit", 2)], ["*"])},
      {"preScore": DEFAULT_NAMES["preScore"]}, [("NodeResourcesFit", 2)]),
     ("multipoint-weight-replaces-in-place",
      {"multiPoint": plugin_set([("TaintToleration", 10)])},
      {"filter": DEFAULT_NAMES["filter"]},
-     [("TaintToleration", 10), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("NodeResourcesBalancedAllocation", 1)]),
+     [("TaintToleration", 10), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *PTS_IPA,
+      ("NodeResourcesBalancedAllocation", 1)]),
     ("multipoint-disable-removes-everywhere",
      {"multiPoint": plugin_set(disabled=["NodeAffinity"])},
-     {"preFilter": ["NodePorts", "NodeResourcesFit"],
-      "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodePorts", "NodeResourcesFit"],
-      "preScore": ["TaintToleration", "NodeResourcesFit", "NodeResourcesBalancedAllocation"]},
-     [("TaintToleration", 3), ("NodeResourcesFit", 1), ("NodeResourcesBalancedAllocation", 1)]),
+     {"preFilter": ["NodePorts", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity"],
+      "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodePorts", "NodeResourcesFit",
+                 "PodTopologySpread", "InterPodAffinity"],
+      "preScore": ["TaintToleration", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+                   "NodeResourcesBalancedAllocation"]},
+     [("TaintToleration", 3), ("NodeResourcesFit", 1), *PTS_IPA, ("NodeResourcesBalancedAllocation", 1)]),
     ("multipoint-star-and-own-list",
      {"multiPoint": plugin_set(["PrioritySort", ("NodeResourcesFit", 2), "DefaultBinder"], ["*"])},
      {"queueSort": ["PrioritySort"], "preFilter": ["NodeResourcesFit"], "filter": ["NodeResourcesFit"],
@@ -290,16 +302,19 @@ MERGE_CASES = [
      [("NodeResourcesFit", 2)]),
     ("score-weight-beats-multipoint-weight",
      {"multiPoint": plugin_set([("NodeResourcesFit", 7)]), "score": plugin_set([("NodeResourcesFit", 9)])},
-     {}, [("NodeResourcesFit", 9), ("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesBalancedAllocation", 1)]),
+     {}, [("NodeResourcesFit", 9), ("TaintToleration", 3), ("NodeAffinity", 2), *PTS_IPA,
+          ("NodeResourcesBalancedAllocation", 1)]),
     ("prescore-disable-keeps-score",
      {"preScore": plugin_set(disabled=["TaintToleration"])},
-     {"preScore": ["NodeAffinity", "NodeResourcesFit", "NodeResourcesBalancedAllocation"]}, DEFAULT_SCORE),
+     {"preScore": ["NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+                   "NodeResourcesBalancedAllocation"]}, DEFAULT_SCORE),
     ("disabling-unimplemented-kube-plugins-is-harmless",
-     {"multiPoint": plugin_set(disabled=["ImageLocality", "PodTopologySpread", "DefaultPreemption"])},
+     {"multiPoint": plugin_set(disabled=["ImageLocality", "VolumeBinding", "DefaultPreemption"])},
      DEFAULT_NAMES, DEFAULT_SCORE),
     ("explicit-point-order-after-multipoint",
      {"filter": plugin_set(["NodePorts", "NodeName"], ["NodeName"])},
-     {"filter": ["NodePorts", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit", "NodeName"]},
+     {"filter": ["NodePorts", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit",
+                 "PodTopologySpread", "InterPodAffinity", "NodeName"]},
      DEFAULT_SCORE),
 ]
 
@@ -314,14 +329,13 @@ def test_merge_rules(plugins, expected, expected_score):
     assert score(prof) == expected_score
 
 
-ALL_GUARDED = ("VolumeBinding", "PodTopologySpread", "InterPodAffinity")
+ALL_GUARDED = ("VolumeBinding",)
 GUARDED_CASES = [
     ("kube-defaults", {}, ALL_GUARDED),
-    ("multipoint-disables-one", {"multiPoint": plugin_set(disabled=["InterPodAffinity"])},
-     ("VolumeBinding", "PodTopologySpread")),
-    ("filter-disables-one", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])},
-     ("VolumeBinding", "InterPodAffinity")),
-    ("score-disable-keeps-the-filter", {"score": plugin_set(disabled=["InterPodAffinity"])}, ALL_GUARDED),
+    ("multipoint-disables-it", {"multiPoint": plugin_set(disabled=["VolumeBinding"])}, ()),
+    ("filter-disables-others", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])}, ALL_GUARDED),
+    ("filter-disables-it", {"filter": plugin_set(disabled=["VolumeBinding"])}, ()),
+    ("score-disable-keeps-the-filter", {"score": plugin_set(disabled=["VolumeBinding"])}, ALL_GUARDED),
     ("filter-star", {"filter": plugin_set(["NodeResourcesFit"], ["*"])}, ()),
     ("multipoint-star", {"multiPoint": plugin_set(["PrioritySort", "NodeResourcesFit", "DefaultBinder"], ["*"])}, ()),
 ]
@@ -453,8 +467,8 @@ ERROR_CASES = [
      f"{P0}.plugins.filter.enabled[0].name", "did you mean NodeResourcesFit?"),
     ("unimplemented-plugin-enabled", doc(profile(plugins={"score": plugin_set([("ImageLocality", 1)])})),
      f"{P0}.plugins.score.enabled[0].name", "shardsched does not implement kube-scheduler's ImageLocality plugin"),
-    ("unimplemented-plugin-multipoint", doc(profile(plugins={"multiPoint": plugin_set(["PodTopologySpread"])})),
-     f"{P0}.plugins.multiPoint.enabled[0].name", "does not implement kube-scheduler's PodTopologySpread"),
+    ("unimplemented-plugin-multipoint", doc(profile(plugins={"multiPoint": plugin_set(["VolumeBinding"])})),
+     f"{P0}.plugins.multiPoint.enabled[0].name", "does not implement kube-scheduler's VolumeBinding"),
     ("unknown-plugin-disabled", doc(profile(plugins={"filter": plugin_set(disabled=["Foo"])})),
      f"{P0}.plugins.filter.disabled[0].name", f"unknown plugin 'Foo'; {SUPPORTED_LIST}"),
     ("star-enabled", doc(profile(plugins={"filter": plugin_set(["*"])})),

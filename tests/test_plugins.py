@@ -518,27 +518,17 @@ def test_scheduling_gates_pre_enqueue(p, message):
 
 
 # ------------------------------------------------------------ stand-ins of unimplemented plugins
-IPA, PTS, VB = "InterPodAffinity", "PodTopologySpread", "VolumeBinding"
+VB = "VolumeBinding"
 
 
 @pytest.mark.parametrize("plugin, p, what", [
-    (IPA, pod(), None),
-    (IPA, pod().with_pod_affinity_term("podAntiAffinity"), "required pod anti-affinity"),
-    (IPA, pod().with_pod_affinity_term("podAffinity"), "required pod affinity"),
-    (IPA, pod().with_pod_affinity_term("podAffinity").with_pod_affinity_term("podAntiAffinity"),
-     "required pod affinity and pod anti-affinity"),
-    (IPA, pod().with_pod_affinity_term("podAntiAffinity", required=False), None),
-    (PTS, pod().with_spread("DoNotSchedule"), "topology spread constraints with whenUnsatisfiable DoNotSchedule"),
-    (PTS, pod().with_spread("ScheduleAnyway"), None),
-    (PTS, pod().with_spread("ScheduleAnyway").with_spread("DoNotSchedule"),
-     "topology spread constraints with whenUnsatisfiable DoNotSchedule"),
+    (VB, pod(), None),
     (VB, pod().with_volume("data", persistentVolumeClaim={"claimName": "data"}),
      "volumes that need volume binding (data)"),
     (VB, pod().with_volume("tmp", emptyDir={}).with_volume("scratch", ephemeral={"volumeClaimTemplate": {}}),
      "volumes that need volume binding (scratch)"),
     (VB, pod().with_volume("tmp", emptyDir={}).with_volume("cfg", configMap={"name": "cfg"}), None),
-], ids=["ipa-none", "ipa-anti", "ipa-affinity", "ipa-both", "ipa-preferred-only", "pts-hard", "pts-soft",
-        "pts-soft-and-hard", "vb-pvc", "vb-ephemeral", "vb-emptydir-configmap"])
+], ids=["vb-none", "vb-pvc", "vb-ephemeral", "vb-emptydir-configmap"])
 def test_stand_ins_refuse_what_they_cannot_check(plugin, p, what):
     """Required terms are refused (UnschedulableAndUnresolvable, saying what and which plugin);
     preferred ones and pods without the constraint pass (Skip)."""

@@ -31,11 +31,13 @@ _uids = itertools.count()
 
 
 def make_pod(name: str, priority: int = 0, *, namespace: str = "default", uid: str | None = None,
-             node_selector: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> PodInfo:
+             node_selector: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+             annotations: dict[str, str] | None = None) -> PodInfo:
     spec: dict = {"containers": [{"name": "c"}], "priority": priority}
     if node_selector:
         spec["nodeSelector"] = node_selector
-    meta = {"name": name, "namespace": namespace, "uid": uid or f"uid-{next(_uids)}", "labels": labels or {}}
+    meta = {"name": name, "namespace": namespace, "uid": uid or f"uid-{next(_uids)}", "labels": labels or {},
+            "annotations": annotations or {}}
     return PodInfo.from_object({"metadata": meta, "spec": spec})
 
 
@@ -232,7 +234,7 @@ def test_unschedulable_flush_moves_only_old_pods():
         (["pop", "event", "fail"], False, BACKOFF_Q),
         (["event", "pop", "fail"], False, UNSCHEDULABLE_Q),
         (["pop", "update-selector", "fail"], False, BACKOFF_Q),
-        (["pop", "update-labels", "fail"], False, UNSCHEDULABLE_Q),
+        (["pop", "update-annotations", "fail"], False, UNSCHEDULABLE_Q),
     ],
     ids=["unschedulable", "error-backs-off", "move-request-in-flight", "move-request-before-pop",
          "helpful-update-in-flight", "irrelevant-update-in-flight"],
@@ -249,8 +251,8 @@ def test_failed_pod_destination(steps, backoff, expected):
             q.move_all_to_active_or_backoff(NODE_ADD)
         elif step == "update-selector":
             q.update(make_pod("a", uid="u", node_selector={"zone": "b"}))
-        elif step == "update-labels":
-            q.update(make_pod("a", uid="u", labels={"team": "x"}))
+        elif step == "update-annotations":
+            q.update(make_pod("a", uid="u", annotations={"team": "x"}))
         else:
             assert q.add_unschedulable_if_not_present(qpi, backoff=backoff)
     assert where(q, "default/a") == expected
@@ -361,8 +363,9 @@ def test_recreated_pod_replaces_old_one():
 
 @pytest.mark.parametrize(
     "change, expected",
-    [({"node_selector": {"zone": "a"}}, ACTIVE_Q), ({"priority": 9}, ACTIVE_Q), ({"labels": {"x": "1"}}, UNSCHEDULABLE_Q)],
-    ids=["selector-may-help", "priority-may-help", "labels-do-not"],
+    [({"node_selector": {"zone": "a"}}, ACTIVE_Q), ({"priority": 9}, ACTIVE_Q), ({"labels": {"x": "1"}}, ACTIVE_Q),
+     ({"annotations": {"x": "1"}}, UNSCHEDULABLE_Q)],
+    ids=["selector-may-help", "priority-may-help", "labels-may-help", "annotations-do-not"],
 )
 def test_update_of_unschedulable_pod(change, expected):
     q, clock = make_queue()

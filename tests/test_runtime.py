@@ -143,34 +143,44 @@ def test_an_over_full_cluster_reports_the_surplus_as_unschedulable(redis_server)
                    for e in events[key])
 
 
-def test_a_pod_whose_constraint_is_not_implemented_stays_pending_with_the_reason(redis_server):
-    """Required pod anti-affinity and a PersistentVolumeClaim volume (InterPodAffinity, VolumeBinding:
-    not implemented, enabled in kube's default profile): the pods are refused, not placed in breach;
-    each is kept by the coordinator, counted unschedulable with a message naming what is missing,
-    and gets the PodScheduled=False condition and FailedScheduling Event; the other pods bind."""
-    anti, claim, plain = uniform_pods(3, cpu="1", scheduler_name=SCHEDULER)
-    anti["metadata"].update(name="anti", labels={"app": "w"})
-    anti["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": "w"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+def test_a_pod_whose_constraint_is_not_checked_stays_pending_with_the_reason(redis_server):
+    """A PersistentVolumeClaim volume (VolumeBinding: not implemented, enabled in kube's default
+    profile) and a zone spread constraint (PodTopologySpread: a shard cannot check it from its own
+    nodes): the pods are refused, not placed in breach; each is kept by the coordinator, counted
+    unschedulable with a message naming the plugin, and gets the PodScheduled=False condition and
+    FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards: the
+    two replicas bind on two nodes, and so do the other pods."""
+    anti1, anti2, claim, spread, plain = uniform_pods(5, cpu="1", scheduler_name=SCHEDULER)
+    for p, name in ((anti1, "anti1"), (anti2, "anti2")):
+        p["metadata"].update(name=name, labels={"app": "w"})
+        p["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "w"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     claim["metadata"]["name"] = "claim"
     claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    spread["metadata"].update(name="spread", labels={"app": "s"})
+    spread["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                     "whenUnsatisfiable": "DoNotSchedule",
+                                                     "labelSelector": {"matchLabels": {"app": "s"}}}]
     with Deployment(redis_server.url, uniform_nodes(4, cpu="2"), shards=2) as d:
-        d.create([anti, claim, plain])
+        d.create([anti1, anti2, claim, spread, plain])
         status = d.wait_settled()
         inv = d.ask(d.cluster.invariants)
         pods = {p["metadata"]["name"]: p for p in d.ask(d.cluster.list_pods)[0]}
-        events = {name: d.ask(d.cluster.events_for, "default", name) for name in ("anti", "claim")}
+        events = {name: d.ask(d.cluster.events_for, "default", name) for name in ("claim", "spread")}
         reasons = d.ask(d.coordinator.unschedulable_reasons)
         tracked = set(d.ask(d.coordinator.pending_keys))
 
     messages = {
-        "anti": "0/4 nodes are available: pod has required pod anti-affinity, which shardsched does not "
-                "implement (plugin InterPodAffinity).",
         "claim": "0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
                  "does not implement (plugin VolumeBinding).",
+        "spread": "0/4 nodes are available: pod has topology spread constraints with whenUnsatisfiable "
+                  "DoNotSchedule, which a shard of shardsched cannot check from its own nodes (plugin "
+                  "PodTopologySpread).",
     }
     assert pods[plain["metadata"]["name"]]["spec"].get("nodeName")
-    assert sorted(inv["pods_unbound"]) == ["default/anti", "default/claim"] == sorted(tracked)
+    assert pods["anti1"]["spec"].get("nodeName") and pods["anti2"]["spec"].get("nodeName")
+    assert pods["anti1"]["spec"]["nodeName"] != pods["anti2"]["spec"]["nodeName"]
+    assert sorted(inv["pods_unbound"]) == ["default/claim", "default/spread"] == sorted(tracked)
     assert status["unschedulable"] == status["pending"] == 2
     assert reasons == {m: 1 for m in messages.values()}
     for name, message in messages.items():

@@ -317,30 +317,16 @@ def test_empty_config_file_is_an_error_naming_it(tmp_path, content):
     assert f"error: {config}: no KubeSchedulerConfiguration document" in run.stderr
 
 
-# Constraints of plugins shardsched does not implement (InterPodAffinity, PodTopologySpread,
-# VolumeBinding) and scheduling gates: one run with kube's default profile, one with a profile
+# Constraints of a plugin shardsched does not implement (VolumeBinding), scheduling gates, and pod
+# (anti-)affinity and spread constraints: one run with kube's default profile, one with a profile
 # that disables those plugins. (pod name, spec, outcome with the default profile; with the
-# disabling profile every pod is placed.)
+# disabling profile every pod is placed.) Every pod is labelled app=w: hard-spread and w1 take the
+# two nodes, so w2 and both find an app=w pod on each; w1's term also keeps later pods off its node
+# (kube's symmetric rule), so soft-anti and empty-dir go to hard-spread's node.
 ANTI_TERM = "{labelSelector: {matchLabels: {app: w}}, topologyKey: kubernetes.io/hostname}"
+# a pod's own anti-affinity is checked before the existing pods' (upstream Filter's order)
+ANTI = "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
 CONSTRAINED = [
-    ("w1", f"affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
-     ("Unschedulable", "0/2 nodes are available: pod has required pod anti-affinity, which shardsched does not "
-                       "implement (plugin InterPodAffinity).")),
-    ("w2", f"affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
-     ("Unschedulable", "0/2 nodes are available: pod has required pod anti-affinity, which shardsched does not "
-                       "implement (plugin InterPodAffinity).")),
-    ("both", f"affinity: {{podAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}, "
-             f"podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
-     ("Unschedulable", "0/2 nodes are available: pod has required pod affinity and pod anti-affinity, which "
-                       "shardsched does not implement (plugin InterPodAffinity).")),
-    ("soft-anti", "affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: "
-                  f"[{{weight: 10, podAffinityTerm: {ANTI_TERM}}}]}}}}", ("Scheduled", "")),
-    ("hard-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "
-                    "whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: w}}}]",
-     ("Unschedulable", "0/2 nodes are available: pod has topology spread constraints with whenUnsatisfiable "
-                       "DoNotSchedule, which shardsched does not implement (plugin PodTopologySpread).")),
-    ("soft-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "
-                    "whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: w}}}]", ("Scheduled", "")),
     ("pvc", "volumes: [{name: data, persistentVolumeClaim: {claimName: data}}, {name: tmp, emptyDir: {}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (data), which "
                        "shardsched does not implement (plugin VolumeBinding).")),
@@ -348,9 +334,21 @@ CONSTRAINED = [
                   "resources: {requests: {storage: 1Gi}}}}}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (scratch), which "
                        "shardsched does not implement (plugin VolumeBinding).")),
-    ("empty-dir", "volumes: [{name: tmp, emptyDir: {}}]", ("Scheduled", "")),
     ("gated", "schedulingGates: [{name: example.com/quota}, {name: example.com/ready}]",
      ("Gated", "waiting for scheduling gates: [example.com/quota example.com/ready]")),
+    ("hard-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "
+                    "whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: w}}}]", ("Scheduled", "")),
+    ("w1", f"affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
+     ("Scheduled", "")),
+    ("w2", f"affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
+     ("Unschedulable", ANTI)),
+    ("both", f"affinity: {{podAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}, "
+             f"podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{ANTI_TERM}]}}}}",
+     ("Unschedulable", ANTI)),
+    # w1's term keeps these off its node; hard-spread's node has no such term
+    ("soft-anti", "affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: "
+                  f"[{{weight: 10, podAffinityTerm: {ANTI_TERM}}}]}}}}", ("Scheduled", "")),
+    ("empty-dir", "volumes: [{name: tmp, emptyDir: {}}]", ("Scheduled", "")),
 ]
 DISABLING_CONFIG = """\
 apiVersion: kubescheduler.config.k8s.io/v1
@@ -390,10 +388,11 @@ CONSTRAINED_CASES = [("default", name, outcome) for name, _, outcome in CONSTRAI
 
 @pytest.mark.parametrize("profile,name,outcome", CONSTRAINED_CASES,
                          ids=[f"{profile}-{name}" for profile, name, _ in CONSTRAINED_CASES])
-def test_constraints_of_unimplemented_plugins_are_refused_not_breached(constrained_runs, profile, name, outcome):
+def test_constraints_are_kept_or_refused_never_breached(constrained_runs, profile, name, outcome):
     """With kube's default profile, a pod needing what shardsched does not implement is refused
-    (or gated), never placed in breach; preferred terms only score and are placed. A profile that
-    disables those plugins places every pod, as kube-scheduler would with them disabled."""
+    (or gated), never placed in breach, and pod (anti-)affinity and spread constraints hold. A
+    profile that disables those plugins places every pod, as kube-scheduler would with them
+    disabled."""
     status, reason = outcome
     got = constrained_runs[profile][f"default/{name}"]
     assert got["status"] == status

@@ -22,13 +22,14 @@ import kubernetes_validate
 import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
 from shardsched.api.validation import generate_name, generate_name_problem, name_problem, pod_problems
 from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
-SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass")
-_DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1"}
+SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace")
+_DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1"}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
 
@@ -58,6 +59,8 @@ class Manifests:
         pods: valid Pod objects (raw dicts) with their location.
         priority_classes: PriorityClass name -> value.
         default_priority: value of the globalDefault PriorityClass, else 0.
+        namespace_labels: Namespace name -> its labels, with ``kubernetes.io/metadata.name`` set as
+            the API server sets it (read by pod affinity's ``namespaceSelector``).
         errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
         warnings: ignored kinds, files without objects and the like.
         seq: location -> position in the input, for the `ManifestError.seq` of later problems.
@@ -67,6 +70,7 @@ class Manifests:
     pods: list[tuple[str, dict]] = field(default_factory=list)
     priority_classes: dict[str, int] = field(default_factory=dict)
     default_priority: int = 0
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seq: dict[str, int] = field(default_factory=dict)
@@ -155,7 +159,7 @@ def _problems(kind: str, obj: dict) -> list[tuple[str, str]]:
 
 
 def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
-    """Read Node, Pod and PriorityClass objects from files (other kinds are ignored with a warning).
+    """Read Node, Pod, PriorityClass and Namespace objects from files (other kinds are ignored with a warning).
 
     Args:
         paths: manifest files, read in this order.
@@ -229,6 +233,9 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.priority_classes[key] = value
                 if obj.get("globalDefault"):
                     out.default_priority = value
+            elif kind == "Namespace":
+                labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+                out.namespace_labels[key] = {**labels, NAMESPACE_NAME_LABEL: key}
             elif kind == "Node":
                 out.nodes.append((where, obj))
             else:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
+from shardsched.api.podaffinity import (PodAffinity, SpreadConstraint, parse_pod_affinity,
+                                        parse_spread_constraints)
 from shardsched.api.quantity import PODS, parse_resource_list
 from shardsched.api.requests import nonzero_requests, pod_requests
 from shardsched.errors import InvalidObjectError
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
-WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 #: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass
@@ -287,41 +288,6 @@ def _scheduling_gates(items: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _has_required_pod_terms(affinity: Mapping[str, Any], kind: str) -> bool:
-    """True if ``spec.affinity.<kind>`` (podAffinity or podAntiAffinity) has required terms."""
-    base = f"spec.affinity.{kind}"
-    obj = affinity.get(kind)
-    if obj is None:
-        return False
-    if not isinstance(obj, Mapping):
-        raise InvalidObjectError(f"{kind} must be an object", base)
-    required = obj.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is None:
-        return False
-    if not isinstance(required, list):
-        raise InvalidObjectError("must be a list", f"{base}.requiredDuringSchedulingIgnoredDuringExecution")
-    return bool(required)
-
-
-def _has_hard_spread(items: Any) -> bool:
-    """True if a ``spec.topologySpreadConstraints`` entry has ``whenUnsatisfiable: DoNotSchedule``."""
-    if items is None:
-        return False
-    if not isinstance(items, list):
-        raise InvalidObjectError("topologySpreadConstraints must be a list", "spec.topologySpreadConstraints")
-    hard = False
-    for i, c in enumerate(items):
-        path = f"spec.topologySpreadConstraints[{i}]"
-        if not isinstance(c, Mapping):
-            raise InvalidObjectError("constraint must be an object", path)
-        when = c.get("whenUnsatisfiable")
-        if when not in WHEN_UNSATISFIABLE:
-            raise InvalidObjectError(f"whenUnsatisfiable {when!r} is not one of {', '.join(WHEN_UNSATISFIABLE)}",
-                                     f"{path}.whenUnsatisfiable")
-        hard = hard or when == "DoNotSchedule"
-    return hard
-
-
 def _claim_volumes(items: Any) -> tuple[str, ...]:
     """Names of the volumes that need volume binding: ``persistentVolumeClaim`` and ``ephemeral``
     ones (upstream VolumeBinding's ``podHasPVCs``)."""
@@ -348,10 +314,8 @@ class PodInfo:
         nonzero_cpu_milli / nonzero_memory_bytes: requests for scoring (kube's non-zero defaults).
         scheduling_gates: names in ``spec.schedulingGates``; while there is one the pod is not
             queued (SchedulingGates' PreEnqueue).
-        required_pod_affinity / required_pod_anti_affinity: the pod has
-            ``requiredDuringSchedulingIgnoredDuringExecution`` pod (anti-)affinity terms.
-        hard_topology_spread: the pod has a topology spread constraint with
-            ``whenUnsatisfiable: DoNotSchedule``.
+        pod_affinity: its pod affinity and anti-affinity terms (`shardsched.api.podaffinity`).
+        spread_constraints: its ``spec.topologySpreadConstraints``, ``matchLabelKeys`` merged.
         claim_volumes: names of its volumes that need volume binding (``persistentVolumeClaim``,
             ``ephemeral``).
         signature: hash of everything that decides where the pod can go and how nodes score for it;
@@ -375,9 +339,8 @@ class PodInfo:
     tolerations: tuple[Toleration, ...]
     host_ports: tuple[ContainerPort, ...]
     scheduling_gates: tuple[str, ...]
-    required_pod_affinity: bool
-    required_pod_anti_affinity: bool
-    hard_topology_spread: bool
+    pod_affinity: PodAffinity
+    spread_constraints: tuple[SpreadConstraint, ...]
     claim_volumes: tuple[str, ...]
     labels: dict[str, str]
     creation_timestamp: str
@@ -388,6 +351,21 @@ class PodInfo:
     def key(self) -> str:
         """``namespace/name``, the key kube uses in queues and caches."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def required_pod_affinity(self) -> bool:
+        """The pod has ``requiredDuringSchedulingIgnoredDuringExecution`` pod affinity terms."""
+        return bool(self.pod_affinity.required_affinity)
+
+    @property
+    def required_pod_anti_affinity(self) -> bool:
+        """The pod has ``requiredDuringSchedulingIgnoredDuringExecution`` pod anti-affinity terms."""
+        return bool(self.pod_affinity.required_anti_affinity)
+
+    @property
+    def hard_topology_spread(self) -> bool:
+        """The pod has a topology spread constraint with ``whenUnsatisfiable: DoNotSchedule``."""
+        return any(c.when_unsatisfiable == "DoNotSchedule" for c in self.spread_constraints)
 
     @property
     def bound(self) -> bool:
@@ -446,10 +424,12 @@ class PodInfo:
         if not isinstance(affinity, Mapping):
             raise InvalidObjectError("affinity must be an object", "spec.affinity")
         required, preferred = parse_node_affinity(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+        namespace = str(meta.get("namespace") or "default")
+        labels = _str_map(meta.get("labels"), "metadata.labels")
 
         info = cls(
-            uid=str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta['name']}"),
-            namespace=str(meta.get("namespace") or "default"),
+            uid=str(meta.get("uid") or f"{namespace}/{meta['name']}"),
+            namespace=namespace,
             name=meta["name"],
             priority=prio,
             scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
@@ -465,11 +445,10 @@ class PodInfo:
             tolerations=_tolerations(spec.get("tolerations")),
             host_ports=_ports(spec),
             scheduling_gates=_scheduling_gates(spec.get("schedulingGates")),
-            required_pod_affinity=_has_required_pod_terms(affinity, "podAffinity"),
-            required_pod_anti_affinity=_has_required_pod_terms(affinity, "podAntiAffinity"),
-            hard_topology_spread=_has_hard_spread(spec.get("topologySpreadConstraints")),
+            pod_affinity=parse_pod_affinity(affinity, namespace),
+            spread_constraints=parse_spread_constraints(spec.get("topologySpreadConstraints"), labels),
             claim_volumes=_claim_volumes(spec.get("volumes")),
-            labels=_str_map(meta.get("labels"), "metadata.labels"),
+            labels=labels,
             creation_timestamp=str(meta.get("creationTimestamp") or ""),
             obj=obj,
         )
@@ -478,8 +457,9 @@ class PodInfo:
 
     def compute_signature(self) -> str:
         """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
-        ``spec.nodeName`` (the NodeName filter depends on it), and what the checks for the
-        constraints of unimplemented plugins and the scheduling gates read."""
+        ``spec.nodeName`` (the NodeName filter depends on it), the scheduling gates, the volumes
+        that need binding, and what InterPodAffinity and PodTopologySpread read of the pod itself
+        (namespace, labels, pod affinity terms, spread constraints)."""
         parts = (
             self.node_name,
             sorted(self.requests.items()),
@@ -492,10 +472,12 @@ class PodInfo:
             sorted((p.host_ip, p.protocol, p.port) for p in self.host_ports),
             self.scheduler_name,
             self.scheduling_gates,
-            self.required_pod_affinity,
-            self.required_pod_anti_affinity,
-            self.hard_topology_spread,
             self.claim_volumes,
+            # InterPodAffinity and PodTopologySpread read the pod's own namespace, labels and terms
+            self.namespace,
+            sorted(self.labels.items()),
+            None if self.pod_affinity.empty else self.pod_affinity.key,
+            repr(self.spread_constraints) if self.spread_constraints else None,
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
 

@@ -24,10 +24,10 @@ follow upstream's ``scheduler_perf.go``:
   namespace objects; ops already run in order).
 
 What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
-and pods that need plugins shardsched does not implement (InterPodAffinity, PodTopologySpread,
-SchedulingGates, volumes, DynamicResources, DefaultPreemption when the workload depends on it). A
-workload that runs but has a part ignored is marked ``partial`` with a note (topology spread
-constraints, Services in churn). Workloads that differ from another one only by kube-scheduler
+and pods that need plugins shardsched does not implement (SchedulingGates, volumes,
+DynamicResources, DefaultPreemption when the workload depends on it). A workload that runs but has
+a part ignored is marked ``partial`` with a note (Services in churn, which upstream's default
+spreading constraints would read). Workloads that differ from another one only by kube-scheduler
 feature gates (same ops and params) are the same workload here and run once.
 
 One workload is not in the local copy: ``HostPortConflict`` from upstream's
@@ -271,21 +271,12 @@ def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
     """(reasons to skip, reasons for partial) of a pod template."""
     spec = pod.get("spec") or {}
     skip, partial = [], []
-    affinity = spec.get("affinity") or {}
-    if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
-        skip.append("pod affinity/anti-affinity needs InterPodAffinity (not implemented)")
     if spec.get("resourceClaims"):
         skip.append("resource claims need DynamicResources (not implemented)")
     for v in spec.get("volumes") or []:
         if any(k in v for k in ("persistentVolumeClaim", "ephemeral", "csi")):
             skip.append("persistent volumes need the volume plugins (not implemented)")
             break
-    spread = spec.get("topologySpreadConstraints") or []
-    if any((c or {}).get("whenUnsatisfiable") == "DoNotSchedule" for c in spread):
-        skip.append("DoNotSchedule spread constraints need PodTopologySpread (not implemented: such pods are "
-                    "refused)")
-    elif spread:
-        partial.append("ScheduleAnyway spread constraints not scored: PodTopologySpread is not implemented")
     return skip, partial
 
 

@@ -13,12 +13,13 @@ Two counters let callers cache per-signature results:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from shardsched.api.objects import ContainerPort, NodeInfo, PodInfo, Taint
+from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, AffinityTerm, LabelSelector, PodAffinity
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 
 _INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
@@ -28,7 +29,9 @@ _LOG_LIMIT = 1 << 16
 @dataclass(frozen=True, slots=True)
 class PodUsage:
     """What one pod takes from its node: requests (canonical units, incl. ``pods: 1``), the
-    scoring requests for cpu/memory, and host ports."""
+    scoring requests for cpu/memory, and host ports; and what InterPodAffinity and
+    PodTopologySpread read of a pod on a node: namespace, labels, whether it is being deleted, its
+    pod (anti-)affinity terms."""
 
     uid: str
     key: str
@@ -36,10 +39,31 @@ class PodUsage:
     nonzero_cpu_milli: int
     nonzero_memory_bytes: int
     host_ports: tuple[ContainerPort, ...] = ()
+    namespace: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+    affinity: PodAffinity = NO_POD_AFFINITY
 
     @classmethod
     def of(cls, pod: PodInfo) -> "PodUsage":
-        return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports)
+        return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
+                   pod.namespace, pod.labels, pod.deleting, pod.pod_affinity)
+
+
+#: kinds of the terms of counted pods in `NodeTable.term_slots`
+REQUIRED_AFFINITY, REQUIRED_ANTI_AFFINITY = "required_affinity", "required_anti_affinity"
+PREFERRED_AFFINITY, PREFERRED_ANTI_AFFINITY = "preferred_affinity", "preferred_anti_affinity"
+
+
+def _weighted_terms(a: PodAffinity) -> Iterable[tuple[str, int, AffinityTerm]]:
+    for t in a.required_affinity:
+        yield REQUIRED_AFFINITY, 1, t
+    for t in a.required_anti_affinity:
+        yield REQUIRED_ANTI_AFFINITY, 1, t
+    for w, t in a.preferred_affinity:
+        yield PREFERRED_AFFINITY, w, t
+    for w, t in a.preferred_anti_affinity:
+        yield PREFERRED_ANTI_AFFINITY, w, t
 
 
 class NodeTable:
@@ -75,6 +99,16 @@ class NodeTable:
         self.pod_slot: dict[str, int] = {}
         #: pods bound to a node the table has not seen yet: node name -> {uid: usage}
         self.orphans: dict[str, dict[str, PodUsage]] = {}
+        #: namespace -> labels, for namespaceSelector (a namespace not listed has only its name label)
+        self.namespace_labels: dict[str, dict[str, str]] = {}
+        # pods counted on nodes, by namespace and by (namespace, label key, value): uids
+        self._ns_pods: dict[str, set[str]] = {}
+        self._label_pods: dict[tuple[str, str, str], set[str]] = {}
+        #: (kind, weight, term) -> {slot: number of counted pods there with that term}; kinds are
+        #: REQUIRED_AFFINITY, ... (weight 1 for required terms). kube's PodsWithAffinity, grouped.
+        self.term_slots: dict[tuple[str, int, AffinityTerm], dict[int, int]] = {}
+        #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed
+        self.affinity_generation = 0
         self.static_generation = 0
         self._all_have: dict[tuple[int, int], bool] = {}
         self.change_log: list[int] = []
@@ -235,6 +269,7 @@ class NodeTable:
         usages = list(self.pods[slot].values())
         for u in usages:
             self.pod_slot.pop(u.uid, None)
+            self._index(slot, u, -1)
         if keep_pods and usages:
             self.orphans.setdefault(name, {}).update({u.uid: u for u in usages})
         self.pods[slot] = {}
@@ -269,7 +304,36 @@ class NodeTable:
             self.used_ports.setdefault(slot, []).extend(u.host_ports)
         self.pods[slot][u.uid] = u
         self.pod_slot[u.uid] = slot
+        self._index(slot, u, 1)
         self._touch(slot)
+
+    def _index(self, slot: int, u: PodUsage, delta: int) -> None:
+        """Add (delta 1) or remove (-1) a counted pod in the label and term indexes."""
+        ns = u.namespace
+        keys = [(ns, k, v) for k, v in u.labels.items()]
+        if delta > 0:
+            self._ns_pods.setdefault(ns, set()).add(u.uid)
+            for k in keys:
+                self._label_pods.setdefault(k, set()).add(u.uid)
+        else:
+            for index, k in ((self._ns_pods, ns), *((self._label_pods, k) for k in keys)):
+                uids = index.get(k)
+                if uids is not None:
+                    uids.discard(u.uid)
+                    if not uids:
+                        del index[k]
+        if u.affinity.empty:
+            return
+        for term in _weighted_terms(u.affinity):
+            slots = self.term_slots.setdefault(term, {})
+            left = slots.get(slot, 0) + delta
+            if left > 0:
+                slots[slot] = left
+            else:
+                slots.pop(slot, None)
+                if not slots:
+                    del self.term_slots[term]
+        self.affinity_generation += 1
 
     def add_pod(self, usage: PodUsage, node_name: str) -> bool:
         """Count a pod on a node (kube's AssumePod / AddPod). Idempotent by pod uid.
@@ -298,6 +362,7 @@ class NodeTable:
                     return pods.pop(uid)
             return None
         u = self.pods[slot].pop(uid)
+        self._index(slot, u, -1)
         for name, value in u.requests.items():
             self.requested[self.res_index[name], slot] -= value
         self.nonzero_requested[0, slot] -= u.nonzero_cpu_milli
@@ -315,6 +380,52 @@ class NodeTable:
         """Name of the node a pod is counted on, or None."""
         slot = self.pod_slot.get(uid)
         return None if slot is None else self.names[slot]
+
+    # ------------------------------------------------------------------ pods by labels
+    def labels_of_namespace(self, namespace: str) -> Mapping[str, str]:
+        """A namespace's labels (`namespace_labels`, else only ``kubernetes.io/metadata.name``)."""
+        labels = self.namespace_labels.get(namespace)
+        return labels if labels is not None else {NAMESPACE_NAME_LABEL: namespace}
+
+    def matching_pods(self, namespaces: Iterable[str], namespace_selector: LabelSelector | None,
+                      selector: LabelSelector | None, skip_deleting: bool = False) -> set[str]:
+        """Uids of the pods counted on nodes that are in one of ``namespaces`` or in a namespace
+        ``namespace_selector`` matches, and whose labels ``selector`` matches (None: no pod).
+
+        Cost: the pods of those namespaces that carry the selector's ``matchLabels`` (an index
+        lookup), not every pod. ``skip_deleting`` leaves out pods with a deletionTimestamp.
+        """
+        if selector is None:
+            return set()
+        chosen = {ns for ns in namespaces if ns in self._ns_pods}
+        if namespace_selector is not None:
+            chosen.update(ns for ns in self._ns_pods if namespace_selector.matches(self.labels_of_namespace(ns)))
+        out: set[str] = set()
+        for ns in chosen:
+            if selector.match_labels:
+                sets = sorted((self._label_pods.get((ns, k, v), set()) for k, v in selector.match_labels), key=len)
+                found = sets[0].intersection(*sets[1:])
+            else:
+                found = self._ns_pods[ns]
+            if selector.match_expressions or skip_deleting:
+                found = {uid for uid in found if self._passes(uid, selector, skip_deleting)}
+            out |= found
+        return out
+
+    def _passes(self, uid: str, selector: LabelSelector, skip_deleting: bool) -> bool:
+        u = self.pods[self.pod_slot[uid]][uid]
+        return not (skip_deleting and u.deleting) and selector.matches(u.labels)
+
+    def pods_per_slot(self, uids: Iterable[str]) -> np.ndarray:
+        """int64 array of shape (n,): how many of the pods ``uids`` (counted pods) are on each slot."""
+        slots = np.fromiter((self.pod_slot[u] for u in uids), np.int64)
+        return np.bincount(slots, minlength=self.n)[: self.n].astype(np.int64)
+
+    def topology_codes(self, key: str) -> np.ndarray:
+        """int32 array of shape (n,): each slot's code of node label ``key`` (-1: no such label;
+        `label_vocab` maps values to codes)."""
+        col = self.label_codes.get(key)
+        return np.full(self.n, -1, np.int32) if col is None else col[: self.n]
 
     # ------------------------------------------------------------------ reads
     def allocatable_of(self, name: str) -> dict[str, int]:

@@ -215,8 +215,65 @@ class NodeAffinityArgs(PluginArgs):
         return added
 
 
+class InterPodAffinityArgs(PluginArgs):
+    """Args of InterPodAffinity (upstream ``InterPodAffinityArgs``).
+
+    Attributes:
+        hard_pod_affinity_weight: score weight, in [0, 100], of an existing pod's required affinity
+            term that the incoming pod matches; default 1.
+        ignore_preferred_terms_of_existing_pods: skip existing pods' terms when scoring a pod that
+            has no preferred terms of its own; default false.
+    """
+
+    hard_pod_affinity_weight: int = Field(1, ge=0, le=100)
+    ignore_preferred_terms_of_existing_pods: bool = False
+
+
+class _TopologySpreadConstraint(ConfigModel):
+    """A core/v1 TopologySpreadConstraint of ``defaultConstraints`` (no labelSelector allowed)."""
+
+    max_skew: int = Field(ge=1)
+    topology_key: str = Field(min_length=1)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    min_domains: Optional[int] = Field(None, ge=1)
+    node_affinity_policy: Optional[Literal["Honor", "Ignore"]] = None
+    node_taints_policy: Optional[Literal["Honor", "Ignore"]] = None
+    match_label_keys: list[str] = Field(default_factory=list)
+
+
+class PodTopologySpreadArgs(PluginArgs):
+    """Args of PodTopologySpread (upstream ``PodTopologySpreadArgs``): the cluster-level default
+    constraints. Validated as upstream; not applied (they take their selector from the Services
+    and workloads selecting a pod, which shardsched does not read; see the plugin's docstring).
+
+    Attributes:
+        default_constraints: constraints for pods that have none (``List`` only).
+        defaulting_type: ``System`` (kube's built-in defaults) or ``List``; unset, ``List`` when
+            constraints are given, else ``System``.
+    """
+
+    default_constraints: list[_TopologySpreadConstraint] = Field(default_factory=list)
+    defaulting_type: Literal["System", "List"] = "System"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_type(cls, data: Any) -> Any:
+        # upstream SetDefaults_PodTopologySpreadArgs: List when constraints are given, else System
+        if isinstance(data, dict) and data.get("defaultingType") is None and data.get("defaultConstraints"):
+            return {**data, "defaultingType": "List"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_defaulting(self) -> "PodTopologySpreadArgs":
+        if self.defaulting_type == "System" and self.default_constraints:
+            fail("when .defaultingType=System, defaultConstraints must be empty", "defaultConstraints")
+        return self
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
+    "InterPodAffinity": InterPodAffinityArgs,
+    "PodTopologySpread": PodTopologySpreadArgs,
     "NodeResourcesFit": NodeResourcesFitArgs,
     "NodeResourcesBalancedAllocation": NodeResourcesBalancedAllocationArgs,
     "NodeAffinity": NodeAffinityArgs,

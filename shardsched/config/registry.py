@@ -36,6 +36,8 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "NodeAffinity": ("preFilter", "filter", "preScore", "score"),
     "NodePorts": ("preFilter", "filter"),
     "NodeResourcesFit": ("preFilter", "filter", "preScore", "score"),
+    "PodTopologySpread": ("preFilter", "filter", "preScore", "score"),
+    "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
     "NodeResourcesBalancedAllocation": ("preScore", "score"),
     "DefaultBinder": ("bind",),
 }
@@ -45,22 +47,19 @@ SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 #: kube-scheduler plugins shardsched does not implement: harmless in ``disabled`` lists (kube's
 #: defaults enable them, so real configs disable them), an error anywhere else.
 UNIMPLEMENTED_PLUGINS = frozenset({
-    "ImageLocality", "PodTopologySpread", "InterPodAffinity", "VolumeBinding", "VolumeRestrictions",
+    "ImageLocality", "VolumeBinding", "VolumeRestrictions",
     "VolumeZone", "NodeVolumeLimits", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
     "DefaultPreemption", "DynamicResources",
 })
 
 #: Plugins of kube v1.28's default set that shardsched does not implement but whose hard
 #: constraints it keeps, and the extension points of their Go types. While a profile leaves one
-#: enabled at ``filter`` (kube's default does), a pod that needs it (required pod affinity or
-#: anti-affinity; a DoNotSchedule spread constraint; a volume to bind) is rejected as
+#: enabled at ``filter`` (kube's default does), a pod that needs it (a volume to bind) is rejected as
 #: UnschedulableAndUnresolvable by a stand-in PreFilter (`shardsched.plugins.unimplemented`) rather
 #: than placed in breach. A profile that disables it (by name or ``"*"``, at ``multiPoint`` or
 #: ``filter``) schedules such pods without the constraint, as kube-scheduler does then.
 GUARDED_PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "VolumeBinding": ("preFilter", "filter", "reserve", "preBind", "preScore", "score"),
-    "PodTopologySpread": ("preFilter", "filter", "preScore", "score"),
-    "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
 }
 
 
@@ -88,6 +87,8 @@ DEFAULT_MULTI_POINT: tuple[PluginRef, ...] = (
     PluginRef("NodeAffinity", 2),
     PluginRef("NodePorts"),
     PluginRef("NodeResourcesFit", 1),
+    PluginRef("PodTopologySpread", 2),
+    PluginRef("InterPodAffinity", 2),
     PluginRef("NodeResourcesBalancedAllocation", 1),
     PluginRef("DefaultBinder"),
 )

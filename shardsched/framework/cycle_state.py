@@ -17,3 +17,8 @@ class CycleState(dict[str, Any]):
 
     def read(self, key: str) -> Any:
         return self[key]
+
+
+#: key of the nodes that passed every Filter (bool array over table slots), written by the scheduler
+#: before PreScore, as upstream passes PreScore the filtered nodes
+FEASIBLE_NODES_KEY = "feasibleNodes"

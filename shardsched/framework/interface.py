@@ -12,6 +12,12 @@ cached result).
 
 A plugin that is ``static`` depends only on static node attributes (labels, taints, cordon, names),
 so its result for a pod signature stays valid until ``NodeTable.static_generation`` changes.
+
+A plugin that is ``topology`` (InterPodAffinity, PodTopologySpread) depends on the pods of other
+nodes too: a pod placed on one node changes its result on every node of the same topology domain.
+Its results are recomputed over all nodes whenever any node changes, and its scores are normalized
+over the feasible nodes of each decision; what it reads of the pods already placed is tracked by
+``NodeTable.affinity_generation``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class Plugin:
     """Base of every plugin: a kube-style ``name`` class constant."""
 
     name: ClassVar[str] = ""
+    #: True if results depend on the pods of other nodes (module docstring)
+    topology: ClassVar[bool] = False
 
 
 class PreEnqueuePlugin(Plugin):

@@ -15,7 +15,7 @@ from shardsched.errors import ConfigError, InvalidObjectError
 from shardsched.framework.interface import (BindPlugin, FilterPlugin, Plugin, PreEnqueuePlugin, PreFilterPlugin,
                                             QueueSortPlugin, ScorePlugin)
 from shardsched.framework.status import Status
-from shardsched.plugins.registry import REGISTRY
+from shardsched.plugins.registry import CLUSTER_WIDE, REGISTRY
 from shardsched.plugins.unimplemented import plugin as unimplemented
 
 
@@ -38,9 +38,13 @@ class Framework:
         score_plugins: Score plugins with weights.
         percentage_of_nodes_to_score: None = score every feasible node; 0 = kube's adaptive rule;
             1..100 = that percentage (kube's ``percentageOfNodesToScore``).
+
+    ``partial_view``: the table this framework schedules over holds only some of the cluster's
+    nodes (a shard's); the plugins that need the whole cluster (``CLUSTER_WIDE`` in the registry)
+    then refuse the pods they cannot decide from it (see their docstrings).
     """
 
-    def __init__(self, profile: Any, global_percentage: int | None = None) -> None:
+    def __init__(self, profile: Any, global_percentage: int | None = None, partial_view: bool = False) -> None:
         self.profile_name: str = profile.scheduler_name
         instances: dict[str, Plugin] = {}
 
@@ -51,7 +55,8 @@ class Framework:
                     raise ConfigError(f"profile {self.profile_name!r}: plugin {name!r} is not supported; "
                                       f"supported plugins: {', '.join(sorted(REGISTRY))}")
                 try:
-                    instances[name] = factory(profile.plugin_args.get(name))
+                    args = profile.plugin_args.get(name)
+                    instances[name] = factory(args, partial_view) if name in CLUSTER_WIDE else factory(args)
                 except InvalidObjectError as e:
                     raise ConfigError(f"profile {self.profile_name!r}: pluginConfig {name}: {e}") from None
             return instances[name]

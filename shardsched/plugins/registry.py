@@ -11,11 +11,13 @@ from typing import Any, Callable
 
 from shardsched.framework.interface import Plugin
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
+from shardsched.plugins.interpodaffinity import plugin as interpodaffinity
 from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
 from shardsched.plugins.nodename import plugin as nodename
 from shardsched.plugins.nodeports import plugin as nodeports
 from shardsched.plugins.noderesources import balanced_allocation, fit
 from shardsched.plugins.nodeunschedulable import plugin as nodeunschedulable
+from shardsched.plugins.podtopologyspread import plugin as podtopologyspread
 from shardsched.plugins.queuesort import plugin as queuesort
 from shardsched.plugins.schedulinggates import plugin as schedulinggates
 from shardsched.plugins.tainttoleration import plugin as tainttoleration
@@ -31,9 +33,15 @@ REGISTRY: dict[str, Factory] = {
     nodeaffinity.NAME: nodeaffinity.new,
     nodeports.NAME: nodeports.new,
     fit.NAME: fit.new,
+    podtopologyspread.NAME: podtopologyspread.new,
+    interpodaffinity.NAME: interpodaffinity.new,
     balanced_allocation.NAME: balanced_allocation.new,
     defaultbinder.NAME: defaultbinder.new,
 }
+
+#: plugins whose Filter needs every node of the cluster and its pods; their factories also take
+#: ``partial_view`` (a shard's table holds only its own nodes; see each plugin's docstring)
+CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME})
 
 #: extension points implemented by each plugin (kube's names)
 EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
@@ -45,6 +53,8 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     nodeaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
     nodeports.NAME: ("preFilter", "filter"),
     fit.NAME: ("preFilter", "filter", "preScore", "score"),
+    podtopologyspread.NAME: ("preFilter", "filter", "preScore", "score"),
+    interpodaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
     balanced_allocation.NAME: ("preScore", "score"),
     defaultbinder.NAME: ("bind",),
 }

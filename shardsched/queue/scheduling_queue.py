@@ -101,7 +101,8 @@ class QueuedPodInfo:
 
 def _may_help(old: PodInfo, new: PodInfo) -> bool:
     """True if an update may change where the pod fits (upstream ``isPodUpdated``, narrowed to the
-    scheduling signature and the priority: status, label and annotation changes do not count)."""
+    scheduling signature and the priority: status and annotation changes do not count; labels do,
+    since InterPodAffinity and PodTopologySpread read the pod's own labels)."""
     return old.signature != new.signature or old.priority != new.priority
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
-from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.cycle_state import FEASIBLE_NODES_KEY, CycleState
 from shardsched.framework.interface import FilterPlugin, ScorePlugin
 from shardsched.framework.runtime import Framework
 from shardsched.framework.status import Code, Status
@@ -80,6 +80,7 @@ class _Entry:
     filters_static: list[FilterPlugin]
     filters_dynamic: list[FilterPlugin]
     scores_dynamic: list[tuple[ScorePlugin, int]]
+    #: scores normalized over the feasible nodes at selection: static plugins' and topology ones'
     scores_static: list[tuple[ScorePlugin, int, np.ndarray]]
     static_ok: np.ndarray
     dyn_ok: np.ndarray
@@ -87,6 +88,10 @@ class _Entry:
     final: np.ndarray = field(default=None)  # type: ignore[assignment]
     static_varies: bool = False
     rejected: Status | None = None
+    #: NodeTable.affinity_generation when computed (existing pods' terms decide InterPodAffinity)
+    affinity_generation: int = 0
+    #: a topology plugin took part: the entry holds only while no node changed at all
+    topology: bool = False
 
 
 class GenericScheduler:
@@ -155,7 +160,9 @@ class GenericScheduler:
     def _entry(self, pod: PodInfo) -> _Entry:
         table = self.table
         entry = self.cache.get(pod.signature)
-        if entry is not None and entry.static_generation == table.static_generation and entry.n == table.n:
+        if (entry is not None and entry.static_generation == table.static_generation and entry.n == table.n
+                and entry.affinity_generation == table.affinity_generation
+                and not (entry.topology and entry.log_position != table.log_position())):
             if entry.rejected is None:
                 dirty = table.changed_since(entry.log_position)
                 if dirty is None:
@@ -176,7 +183,8 @@ class GenericScheduler:
         n = table.n
         state = CycleState()
         everything = slice(0, n)
-        fstatic, fdyn, rejected = [], [], None
+        fstatic, fdyn, rejected, topology = [], [], None, False
+        affinity_generation = table.affinity_generation
         for f in fw.pre_filter_plugins:
             st = f.pre_filter(state, pod, table)
             if st.is_skip():
@@ -184,6 +192,7 @@ class GenericScheduler:
             if not st.is_success():
                 rejected = Status(st.code, st.reasons, f.name)
                 break
+            topology = topology or f.topology
             if isinstance(f, FilterPlugin):
                 (fstatic if f.static else fdyn).append(f)
         static_ok = table.valid[:n].copy()
@@ -196,6 +205,7 @@ class GenericScheduler:
         # Scores only where the pod fits now: a node that starts to fit later changes first, and
         # a changed node is recomputed in full (filters and scores) by `_update`.
         feasible = static_ok & dyn_ok
+        state.write(FEASIBLE_NODES_KEY, feasible)
         count = int(feasible.sum())
         where: slice | np.ndarray = everything if count * 2 > n else np.flatnonzero(feasible)
         sdyn, sstatic = [], []
@@ -205,7 +215,13 @@ class GenericScheduler:
             st = ws.plugin.pre_score(state, pod, table)
             if st.is_skip():
                 continue
-            if ws.plugin.static:
+            if ws.plugin.topology:
+                # over the nodes feasible now, normalized in `_select`; the entry is recomputed
+                # when any node changes
+                topology = True
+                sstatic.append((ws.plugin, ws.weight, ws.plugin.score(state, pod, table, everything)))
+                static_varies = True
+            elif ws.plugin.static:
                 # a static score that is the same on every node that can ever pass the static
                 # filters (until the next static change) cannot change the choice: left out
                 raw = ws.plugin.score(state, pod, table, everything)
@@ -218,7 +234,8 @@ class GenericScheduler:
                 if count:
                     dyn_score[where] += ws.weight * ws.plugin.score(state, pod, table, where)
         entry = _Entry(table.static_generation, table.log_position(), n, state, fstatic, fdyn, sdyn, sstatic,
-                       static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected)
+                       static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected,
+                       affinity_generation=affinity_generation, topology=topology)
         entry.final = np.where(feasible, dyn_score, -1)
         return entry
 

@@ -60,15 +60,18 @@ class SimulationReport:
         return {"pods": [p.to_json() for p in self.pods], "nodes": self.nodes}
 
 
-def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int | None) -> dict[str, GenericScheduler]:
+def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int | None,
+                     partial_view: bool = False) -> dict[str, GenericScheduler]:
     """One GenericScheduler per profile over a shared table, keyed by schedulerName (first = default).
+
+    ``partial_view``: the table holds only part of the cluster (a shard's nodes; `Framework`).
 
     Raises:
         ConfigError: a profile names a plugin shardsched does not have.
     """
     out = {}
     for i, profile in enumerate(config.profiles):
-        fw = Framework(profile, config.percentage_of_nodes_to_score)
+        fw = Framework(profile, config.percentage_of_nodes_to_score, partial_view)
         out[profile.scheduler_name] = GenericScheduler(fw, table, seed=None if seed is None else seed + i)
     return out
 
@@ -105,6 +108,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     config = load_config(config_path)
     manifests = read_manifests(paths, seed)
     table = NodeTable()
+    table.namespace_labels.update(manifests.namespace_labels)
     nodes = parse_nodes(manifests)
     table.add_nodes(nodes)
     pods = parse_pods(manifests)

@@ -217,7 +217,7 @@ class Coordinator:
         self.poll_s = poll_s
         self.profiles = {p.scheduler_name for p in config.profiles}
         self.table = NodeTable()
-        self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, seed=0)
+        self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, seed=0, partial_view=True)
         self.default = next(iter(self.schedulers.values()))
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
@@ -313,7 +313,7 @@ class Coordinator:
         nodes, _ = self.cluster.ask("list_nodes")
         pods, rv = self.cluster.ask("list_pods")
         self.table = NodeTable()
-        self.schedulers = build_schedulers(self.config, self.table, seed=0)
+        self.schedulers = build_schedulers(self.config, self.table, seed=0, partial_view=True)
         self.default = next(iter(self.schedulers.values()))
         self.bound_on.clear()
         self.gated.clear()  # the list shows every gated pod again

@@ -161,7 +161,7 @@ class Shard:
         self.options = options or ShardOptions()
         self.epoch = 0
         self.table = NodeTable()
-        self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, self.options.seed)
+        self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, self.options.seed, partial_view=True)
         self.default_scheduler = next(iter(self.schedulers.values()))
         qs = self.default_scheduler.framework.queue_sort
         self.queue = SchedulingQueue(

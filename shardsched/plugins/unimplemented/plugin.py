@@ -1,16 +1,12 @@
 """Stand-ins for kube's default Filter plugins that shardsched does not implement.
 
-InterPodAffinity, PodTopologySpread and VolumeBinding are in kube-scheduler's default profile;
-shardsched does not evaluate their constraints, and placing a pod that has one would break it
-silently. While a profile leaves such a plugin enabled (`shardsched.config.types.Profile.
+VolumeBinding is in kube-scheduler's default profile; shardsched does not evaluate its constraints,
+and placing a pod that has one would break it silently. While a profile leaves such a plugin enabled (`shardsched.config.types.Profile.
 guarded_plugins`), its stand-in's PreFilter rejects the pods that need it as
 UnschedulableAndUnresolvable with a message saying what is not supported; the pod stays pending
 (for another scheduler, or an operator) and is reported in the ``0/N nodes are available`` message.
 Pods without such a constraint are not affected (Skip). The check is per pod: its result is cached
 with the pod's signature, which includes every field read here.
-
-Preferred terms (preferred pod affinity, ``whenUnsatisfiable: ScheduleAnyway``) only change
-scores upstream; they are not scored here and do not stop a pod.
 """
 
 from __future__ import annotations
@@ -23,19 +19,7 @@ from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import PreFilterPlugin
 from shardsched.framework.status import Status
 
-INTER_POD_AFFINITY = "InterPodAffinity"
-POD_TOPOLOGY_SPREAD = "PodTopologySpread"
 VOLUME_BINDING = "VolumeBinding"
-
-
-def _pod_affinity(pod: PodInfo) -> str | None:
-    kinds = [k for k, has in (("pod affinity", pod.required_pod_affinity),
-                              ("pod anti-affinity", pod.required_pod_anti_affinity)) if has]
-    return f"required {' and '.join(kinds)}" if kinds else None
-
-
-def _spread(pod: PodInfo) -> str | None:
-    return "topology spread constraints with whenUnsatisfiable DoNotSchedule" if pod.hard_topology_spread else None
 
 
 def _volumes(pod: PodInfo) -> str | None:
@@ -47,8 +31,6 @@ def _volumes(pod: PodInfo) -> str | None:
 #: plugin name -> what of a pod needs it (None: nothing), in kube's default order
 _NEEDS: dict[str, Callable[[PodInfo], str | None]] = {
     VOLUME_BINDING: _volumes,
-    POD_TOPOLOGY_SPREAD: _spread,
-    INTER_POD_AFFINITY: _pod_affinity,
 }
 NAMES = tuple(_NEEDS)
 

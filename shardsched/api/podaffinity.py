@@ -1,0 +1,347 @@
+"""Label selectors, pod (anti-)affinity terms and topology spread constraints of a Pod.
+
+These are the inputs of InterPodAffinity and PodTopologySpread, parsed and validated once (a bad
+field raises `InvalidObjectError` with its path, as the API server's validation would refuse it).
+Semantics follow apimachinery and kube-scheduler v1.28:
+
+- `LabelSelector` is ``metav1.LabelSelector``: ``matchLabels`` and ``matchExpressions`` ANDed
+  (In, NotIn, Exists, DoesNotExist; NotIn and DoesNotExist match a pod without the key). An empty
+  selector matches everything; an absent one (None) matches nothing.
+- `AffinityTerm` is the scheduler's ``framework.AffinityTerm``: a term's namespaces are its
+  ``namespaces`` plus those matched by ``namespaceSelector``; with neither, the namespace of the
+  pod that declares it (``getNamespacesFromPodAffinityTerm``).
+- `SpreadConstraint` is ``topologySpreadConstraint`` after ``filterTopologySpreadConstraints``:
+  ``matchLabelKeys`` already merged into the selector (key In pod's value, for keys the pod has),
+  ``nodeAffinityPolicy`` defaulting to Honor and ``nodeTaintsPolicy`` to Ignore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardsched.api.validation import qualified_name_problem
+from shardsched.errors import InvalidObjectError
+
+#: the label every namespace carries (kube-apiserver sets it), used by ``namespaceSelector``
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+NODE_INCLUSION_POLICIES = ("Honor", "Ignore")
+WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+
+# A label selector requirement, normalized: (key, operator, sorted values)
+LabelRequirement = tuple[str, str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A ``metav1.LabelSelector``: all requirements must hold. Hashable (terms are grouped by it).
+
+    Attributes:
+        match_labels: ((key, value), ...) sorted; each is ``key In (value)``.
+        match_expressions: (key, operator, values) in declaration order.
+    """
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[LabelRequirement, ...] = ()
+
+    @property
+    def everything(self) -> bool:
+        """True for the empty selector, which matches every object."""
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a label set satisfies every requirement (apimachinery's ``Selector.Matches``)."""
+        for key, value in self.match_labels:
+            if labels.get(key) != value:
+                return False
+        return all(_requirement_matches(r, labels) for r in self.match_expressions)
+
+    def with_requirements(self, extra: tuple[LabelRequirement, ...]) -> "LabelSelector":
+        """This selector with more requirements ANDed (for ``matchLabelKeys``)."""
+        return LabelSelector(self.match_labels, self.match_expressions + extra) if extra else self
+
+
+def _requirement_matches(req: LabelRequirement, labels: Mapping[str, str]) -> bool:
+    key, op, values = req
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    return key not in labels  # DoesNotExist
+
+
+def parse_label_selector(obj: Any, path: str) -> LabelSelector | None:
+    """A ``metav1.LabelSelector`` from its dict form; None when ``obj`` is None (matches nothing).
+
+    Raises:
+        InvalidObjectError: not an object, a key that is not a qualified name, an unknown operator,
+            In/NotIn without values or Exists/DoesNotExist with values (the API server's rules).
+    """
+    if obj is None:
+        return None
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError("label selector must be an object", path)
+    match_labels = obj.get("matchLabels") or {}
+    if not isinstance(match_labels, Mapping):
+        raise InvalidObjectError("matchLabels must be a map of strings", f"{path}.matchLabels")
+    pairs = []
+    for key, value in match_labels.items():
+        _check_key(key, f"{path}.matchLabels")
+        if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float)):
+            raise InvalidObjectError(f"value of {key!r} is not a string", f"{path}.matchLabels.{key}")
+        pairs.append((key, str(value)))
+    items = obj.get("matchExpressions") or []
+    if not isinstance(items, list):
+        raise InvalidObjectError("matchExpressions must be a list", f"{path}.matchExpressions")
+    exprs = []
+    for i, r in enumerate(items):
+        p = f"{path}.matchExpressions[{i}]"
+        if not isinstance(r, Mapping):
+            raise InvalidObjectError("requirement must be an object", p)
+        key, op = r.get("key"), r.get("operator")
+        _check_key(key, f"{p}.key")
+        if op not in LABEL_SELECTOR_OPERATORS:
+            raise InvalidObjectError(f"operator {op!r} is not one of {', '.join(LABEL_SELECTOR_OPERATORS)}",
+                                     f"{p}.operator")
+        values = r.get("values") or []
+        if not isinstance(values, list):
+            raise InvalidObjectError("values must be a list", f"{p}.values")
+        if op in ("In", "NotIn") and not values:
+            raise InvalidObjectError(f"{op} needs at least one value", f"{p}.values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise InvalidObjectError(f"{op} takes no values", f"{p}.values")
+        exprs.append((key, op, tuple(sorted(str(v) for v in values))))
+    return LabelSelector(tuple(sorted(pairs)), tuple(exprs))
+
+
+def _check_key(key: Any, path: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise InvalidObjectError("key is missing", path)
+    problem = qualified_name_problem(key)
+    if problem:
+        raise InvalidObjectError(f"key {key!r}: {problem}", path)
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityTerm:
+    """One pod (anti-)affinity term, namespaces resolved against the declaring pod.
+
+    Attributes:
+        selector: which pods the term is about (None: no pod).
+        namespaces: namespaces named by the term, or the declaring pod's when the term names none
+            and has no ``namespaceSelector``.
+        namespace_selector: namespaces selected by their labels (None: none; empty: all).
+        topology_key: the node label whose value defines the term's topology domain.
+    """
+
+    selector: LabelSelector | None
+    namespaces: frozenset[str]
+    namespace_selector: LabelSelector | None
+    topology_key: str
+
+    @property
+    def key(self) -> tuple:
+        """A deterministic, JSON-friendly form (for pod signatures; sets are sorted)."""
+        return (repr(self.selector), sorted(self.namespaces), repr(self.namespace_selector), self.topology_key)
+
+    def matches(self, namespace: str, labels: Mapping[str, str], namespace_labels: Mapping[str, str]) -> bool:
+        """Whether a pod (its namespace, labels, and its namespace's labels) is one this term is about
+        (upstream ``AffinityTerm.Matches``)."""
+        if self.selector is None:
+            return False
+        if namespace not in self.namespaces and (
+                self.namespace_selector is None or not self.namespace_selector.matches(namespace_labels)):
+            return False
+        return self.selector.matches(labels)
+
+
+@dataclass(frozen=True, slots=True)
+class PodAffinity:
+    """A pod's ``spec.affinity.podAffinity`` and ``podAntiAffinity`` terms.
+
+    Attributes:
+        required_affinity / required_anti_affinity: ``requiredDuringSchedulingIgnoredDuringExecution``.
+        preferred_affinity / preferred_anti_affinity: ((weight in 1..100, term), ...) of
+            ``preferredDuringSchedulingIgnoredDuringExecution``.
+    """
+
+    required_affinity: tuple[AffinityTerm, ...] = ()
+    required_anti_affinity: tuple[AffinityTerm, ...] = ()
+    preferred_affinity: tuple[tuple[int, AffinityTerm], ...] = ()
+    preferred_anti_affinity: tuple[tuple[int, AffinityTerm], ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        """A deterministic, JSON-friendly form (for pod signatures)."""
+        return ([t.key for t in self.required_affinity], [t.key for t in self.required_anti_affinity],
+                [(w, t.key) for w, t in self.preferred_affinity], [(w, t.key) for w, t in self.preferred_anti_affinity])
+
+    @property
+    def empty(self) -> bool:
+        return not (self.required_affinity or self.required_anti_affinity
+                    or self.preferred_affinity or self.preferred_anti_affinity)
+
+
+NO_POD_AFFINITY = PodAffinity()
+
+
+def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError("term must be an object", path)
+    key = obj.get("topologyKey")
+    if not isinstance(key, str) or not key:
+        raise InvalidObjectError("can not be empty", f"{path}.topologyKey")
+    problem = qualified_name_problem(key)
+    if problem:
+        raise InvalidObjectError(f"{key!r}: {problem}", f"{path}.topologyKey")
+    names = obj.get("namespaces") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidObjectError("namespaces must be a list of names", f"{path}.namespaces")
+    ns_selector = parse_label_selector(obj.get("namespaceSelector"), f"{path}.namespaceSelector")
+    namespaces = frozenset(names) if names or ns_selector is not None else frozenset((namespace,))
+    return AffinityTerm(parse_label_selector(obj.get("labelSelector"), f"{path}.labelSelector"),
+                        namespaces, ns_selector, key)
+
+
+def _terms(kind_obj: Mapping[str, Any], base: str, namespace: str) -> tuple[tuple, tuple]:
+    req_path = f"{base}.requiredDuringSchedulingIgnoredDuringExecution"
+    required = kind_obj.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required = [] if required is None else required
+    if not isinstance(required, list):
+        raise InvalidObjectError("must be a list", req_path)
+    pref_path = f"{base}.preferredDuringSchedulingIgnoredDuringExecution"
+    preferred = kind_obj.get("preferredDuringSchedulingIgnoredDuringExecution")
+    preferred = [] if preferred is None else preferred
+    if not isinstance(preferred, list):
+        raise InvalidObjectError("must be a list", pref_path)
+    weighted = []
+    for i, p in enumerate(preferred):
+        if not isinstance(p, Mapping):
+            raise InvalidObjectError("must be an object", f"{pref_path}[{i}]")
+        w = p.get("weight")
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
+            raise InvalidObjectError(f"weight {w!r} must be an integer in 1..100", f"{pref_path}[{i}].weight")
+        weighted.append((w, _affinity_term(p.get("podAffinityTerm"), f"{pref_path}[{i}].podAffinityTerm", namespace)))
+    return (tuple(_affinity_term(t, f"{req_path}[{i}]", namespace) for i, t in enumerate(required)),
+            tuple(weighted))
+
+
+def parse_pod_affinity(affinity: Mapping[str, Any], namespace: str) -> PodAffinity:
+    """The pod (anti-)affinity of ``spec.affinity`` (a mapping, possibly empty) for a pod in ``namespace``.
+
+    Raises:
+        InvalidObjectError: a malformed term (an empty ``topologyKey``, a bad selector, a weight
+            outside 1..100), with its path under ``spec.affinity``.
+    """
+    parts: dict[str, tuple[tuple, tuple]] = {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        obj = affinity.get(kind)
+        if obj is None:
+            parts[kind] = ((), ())
+            continue
+        if not isinstance(obj, Mapping):
+            raise InvalidObjectError(f"{kind} must be an object", f"spec.affinity.{kind}")
+        parts[kind] = _terms(obj, f"spec.affinity.{kind}", namespace)
+    out = PodAffinity(parts["podAffinity"][0], parts["podAntiAffinity"][0],
+                      parts["podAffinity"][1], parts["podAntiAffinity"][1])
+    return NO_POD_AFFINITY if out.empty else out
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """One ``spec.topologySpreadConstraints`` entry, ready to evaluate (module docstring).
+
+    Attributes:
+        max_skew: > 0.
+        topology_key: the node label that defines the domains.
+        when_unsatisfiable: DoNotSchedule (Filter) or ScheduleAnyway (Score).
+        selector: the pods counted (same namespace as the pod), ``matchLabelKeys`` merged in.
+        min_domains: None, or > 0 (DoNotSchedule only): fewer eligible domains count the global
+            minimum as 0.
+        node_affinity_policy / node_taints_policy: Honor or Ignore; whether the pod's node
+            affinity / its tolerations of NoSchedule and NoExecute taints decide which nodes count.
+    """
+
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str
+    selector: LabelSelector | None
+    min_domains: int | None = None
+    node_affinity_policy: str = "Honor"
+    node_taints_policy: str = "Ignore"
+
+
+def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[SpreadConstraint, ...]:
+    """``spec.topologySpreadConstraints`` of a pod with ``labels``, validated as the API server does.
+
+    Raises:
+        InvalidObjectError: maxSkew < 1, an empty or invalid topologyKey, an unknown
+            whenUnsatisfiable or node inclusion policy, minDomains < 1 or with ScheduleAnyway,
+            matchLabelKeys without a labelSelector or naming a key the selector has, two
+            constraints with the same topologyKey and whenUnsatisfiable.
+    """
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("topologySpreadConstraints must be a list", "spec.topologySpreadConstraints")
+    out: list[SpreadConstraint] = []
+    seen: set[tuple[str, str]] = set()
+    for i, c in enumerate(items):
+        path = f"spec.topologySpreadConstraints[{i}]"
+        if not isinstance(c, Mapping):
+            raise InvalidObjectError("constraint must be an object", path)
+        when = c.get("whenUnsatisfiable")
+        if when not in WHEN_UNSATISFIABLE:
+            raise InvalidObjectError(f"whenUnsatisfiable {when!r} is not one of {', '.join(WHEN_UNSATISFIABLE)}",
+                                     f"{path}.whenUnsatisfiable")
+        skew = c.get("maxSkew")
+        if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
+            raise InvalidObjectError(f"maxSkew {skew!r} must be greater than zero", f"{path}.maxSkew")
+        key = c.get("topologyKey")
+        if not isinstance(key, str) or not key:
+            raise InvalidObjectError("can not be empty", f"{path}.topologyKey")
+        problem = qualified_name_problem(key)
+        if problem:
+            raise InvalidObjectError(f"{key!r}: {problem}", f"{path}.topologyKey")
+        if (key, when) in seen:
+            raise InvalidObjectError(f"duplicate constraint for topologyKey {key!r} and whenUnsatisfiable {when}",
+                                     path)
+        seen.add((key, when))
+        min_domains = c.get("minDomains")
+        if min_domains is not None:
+            if isinstance(min_domains, bool) or not isinstance(min_domains, int) or min_domains < 1:
+                raise InvalidObjectError(f"minDomains {min_domains!r} must be greater than zero", f"{path}.minDomains")
+            if when != "DoNotSchedule":
+                raise InvalidObjectError("can only be set when whenUnsatisfiable is DoNotSchedule",
+                                         f"{path}.minDomains")
+        policies = []
+        for field in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
+            value = c.get(field)
+            if value is not None and value not in NODE_INCLUSION_POLICIES:
+                raise InvalidObjectError(f"{value!r} is not one of {', '.join(NODE_INCLUSION_POLICIES)}",
+                                         f"{path}.{field}")
+            policies.append(value)
+        selector = parse_label_selector(c.get("labelSelector"), f"{path}.labelSelector")
+        keys = c.get("matchLabelKeys") or []
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise InvalidObjectError("matchLabelKeys must be a list of label keys", f"{path}.matchLabelKeys")
+        if keys and selector is None:
+            raise InvalidObjectError("must not be specified when labelSelector is not set", f"{path}.matchLabelKeys")
+        extra = []
+        for j, k in enumerate(keys):
+            _check_key(k, f"{path}.matchLabelKeys[{j}]")
+            assert selector is not None
+            if any(k == key_ for key_, _ in selector.match_labels) or any(k == r[0] for r in selector.match_expressions):
+                raise InvalidObjectError(f"{k!r} exists in both matchLabelKeys and labelSelector",
+                                         f"{path}.matchLabelKeys[{j}]")
+            if k in labels:
+                extra.append((k, "In", (labels[k],)))
+        if selector is not None:
+            selector = selector.with_requirements(tuple(extra))
+        out.append(SpreadConstraint(skew, key, when, selector, min_domains,
+                                    policies[0] or "Honor", policies[1] or "Ignore"))
+    return tuple(out)

@@ -1,0 +1,232 @@
+"""InterPodAffinity, as kube-scheduler v1.28's plugin of that name, vectorized over nodes.
+
+A topology domain is a pair (topology key, value of that node label); a node without the key is in
+no domain of it. The pods counted are those on the table's nodes (`NodeTable.matching_pods`).
+
+Filter (PreFilter computes the domains once per pod, the Filter is a lookup per node):
+1. required pod affinity: the node has every term's topology key, and for every term its domain
+   holds a pod that matches *all* the terms; except that when no pod anywhere matches them and the
+   pod matches all its own terms, any node with the keys passes (the first pod of a group that is
+   affine to itself). Failure: ``node(s) didn't match pod affinity rules``
+   (UnschedulableAndUnresolvable).
+2. required pod anti-affinity: no term's domain on the node holds a pod matching that term.
+   Failure: ``node(s) didn't match pod anti-affinity rules``.
+3. existing pods' anti-affinity (the symmetric rule): no pod's required anti-affinity term that
+   matches this pod has that pod's domain on the node. Failure: ``node(s) didn't satisfy existing
+   pods anti-affinity rules``.
+
+Score: for every domain, the sum of (the pod's preferred affinity weights for the pods there that
+match a term) minus (its preferred anti-affinity weights likewise), plus for the pods there whose
+terms match this pod: ``hardPodAffinityWeight`` per required affinity term, the weight of each
+preferred affinity term, minus that of each preferred anti-affinity term (the last three are
+skipped with ``ignorePreferredTermsOfExistingPods`` when the pod has no preferred terms). A node
+scores the sum over the domains it is in; NormalizeScore maps min..max of the feasible nodes to
+0..100 (all 0 when they are equal).
+
+With ``partial_view`` (a shard of the sharded runtime sees only its own nodes and their pods), the
+Filter can only be decided where a node's own pods decide it: pods with required pod affinity, or
+required anti-affinity over a topology key other than ``kubernetes.io/hostname``, are refused at
+PreFilter (UnschedulableAndUnresolvable, saying so); existing pods' anti-affinity is checked against
+the pods of the shard's nodes (exact for ``kubernetes.io/hostname``, the shard's part of a wider
+domain otherwise); scores use the shard's pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardsched.api.objects import PodInfo
+from shardsched.api.podaffinity import AffinityTerm
+from shardsched.cache.node_table import (PREFERRED_AFFINITY, PREFERRED_ANTI_AFFINITY, REQUIRED_AFFINITY,
+                                         REQUIRED_ANTI_AFFINITY, NodeTable)
+from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.interface import MAX_NODE_SCORE, FilterPlugin, Index, ScorePlugin, index_len
+from shardsched.framework.status import Status
+
+NAME = "InterPodAffinity"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ERR_REASON_AFFINITY = "node(s) didn't match pod affinity rules"
+ERR_REASON_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
+ERR_REASON_EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"
+_FILTER_KEY = NAME + "/preFilter"
+_SCORE_KEY = NAME + "/preScore"
+
+
+def partial_view_message(what: str) -> str:
+    """The PreFilter rejection of a pod the sharded runtime cannot check (module docstring)."""
+    return (f"pod has {what}, which a shard of shardsched cannot check from its own nodes "
+            f"(plugin {NAME}; only required anti-affinity over {HOSTNAME_LABEL} is checked in shards)")
+
+
+def _present(table: NodeTable, key: str, per_slot: np.ndarray) -> np.ndarray:
+    """Codes of label ``key`` of the domains holding at least one of the pods counted in
+    ``per_slot`` (int64 array of shape (n,)); sorted int array."""
+    codes = table.topology_codes(key)
+    return np.unique(codes[(per_slot > 0) & (codes >= 0)])
+
+
+@dataclass(slots=True)
+class _FilterState:
+    """What PreFilter found: domains (label key -> codes) per rule."""
+
+    affinity: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    affinity_any: bool = False
+    self_match: bool = False
+    anti: dict[str, np.ndarray] = field(default_factory=dict)
+    existing: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _merge(into: dict[str, np.ndarray], key: str, codes: np.ndarray) -> None:
+    if codes.size:
+        into[key] = np.union1d(into[key], codes) if key in into else codes
+
+
+class InterPodAffinity(FilterPlugin, ScorePlugin):
+    name = NAME
+    static = False
+    normalizes = True
+    topology = True
+
+    def __init__(self, hard_pod_affinity_weight: int = 1, ignore_preferred_terms_of_existing_pods: bool = False,
+                 partial_view: bool = False) -> None:
+        self.hard_pod_affinity_weight = hard_pod_affinity_weight
+        self.ignore_preferred_terms_of_existing_pods = ignore_preferred_terms_of_existing_pods
+        self.partial_view = partial_view
+
+    # ------------------------------------------------------------------ filter
+    def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        a = pod.pod_affinity
+        if self.partial_view:
+            wide = [t.topology_key for t in a.required_anti_affinity if t.topology_key != HOSTNAME_LABEL]
+            what = [w for w, has in (("required pod affinity", bool(a.required_affinity)),
+                                     (f"required pod anti-affinity over {', '.join(sorted(set(wide)))}", bool(wide)))
+                    if has]
+            if what:
+                return Status.unschedulable(partial_view_message(" and ".join(what)), plugin=NAME, resolvable=False)
+        s = _FilterState()
+        ns_labels = table.labels_of_namespace(pod.namespace)
+        for (kind, _, term), slots in table.term_slots.items():
+            if kind == REQUIRED_ANTI_AFFINITY and term.matches(pod.namespace, pod.labels, ns_labels):
+                codes = table.topology_codes(term.topology_key)
+                at = np.fromiter(slots, np.int64, len(slots))
+                _merge(s.existing, term.topology_key, np.unique(codes[at][codes[at] >= 0]))
+        if not a.required_affinity and not a.required_anti_affinity and not s.existing:
+            return Status.skip()
+        if a.required_affinity:
+            uids = None
+            for t in a.required_affinity:
+                found = self._matching(table, t)
+                uids = found if uids is None else uids & found
+            per_slot = table.pods_per_slot(uids or ())
+            for t in a.required_affinity:
+                codes = _present(table, t.topology_key, per_slot)
+                s.affinity.append((t.topology_key, codes))
+                s.affinity_any = s.affinity_any or bool(codes.size)
+            s.self_match = all(t.matches(pod.namespace, pod.labels, ns_labels) for t in a.required_affinity)
+        for t in a.required_anti_affinity:
+            _merge(s.anti, t.topology_key, _present(table, t.topology_key, table.pods_per_slot(self._matching(table, t))))
+        state.write(_FILTER_KEY, s)
+        return Status.success()
+
+    @staticmethod
+    def _matching(table: NodeTable, term: AffinityTerm) -> set[str]:
+        return table.matching_pods(term.namespaces, term.namespace_selector, term.selector)
+
+    def _checks(self, s: _FilterState, table: NodeTable, idx: Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(affinity ok, anti-affinity ok, existing anti-affinity ok): bool arrays over idx."""
+        n = index_len(idx, table.n)
+        affinity = np.ones(n, bool)
+        if s.affinity:
+            has_keys, pods_exist = np.ones(n, bool), np.ones(n, bool)
+            for key, codes in s.affinity:
+                node_codes = table.topology_codes(key)[idx]
+                has_keys &= node_codes >= 0
+                pods_exist &= np.isin(node_codes, codes)
+            affinity = has_keys if (not s.affinity_any and s.self_match) else has_keys & pods_exist
+        anti, existing = np.ones(n, bool), np.ones(n, bool)
+        for rule, out in ((s.anti, anti), (s.existing, existing)):
+            for key, codes in rule.items():
+                out &= ~np.isin(table.topology_codes(key)[idx], codes)
+        return affinity, anti, existing
+
+    def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        affinity, anti, existing = self._checks(state.read(_FILTER_KEY), table, idx)
+        return affinity & anti & existing
+
+    def failure_reasons(self, state, pod, table, slots):
+        affinity, anti, existing = self._checks(state.read(_FILTER_KEY), table, slots)
+        first_anti = affinity & ~anti
+        first_existing = affinity & anti & ~existing
+        counts = ((ERR_REASON_AFFINITY, int((~affinity).sum())), (ERR_REASON_ANTI_AFFINITY, int(first_anti.sum())),
+                  (ERR_REASON_EXISTING_ANTI_AFFINITY, int(first_existing.sum())))
+        return {reason: c for reason, c in counts if c}
+
+    # ------------------------------------------------------------------ score
+    def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        a = pod.pod_affinity
+        has_preferred = bool(a.preferred_affinity or a.preferred_anti_affinity)
+        if self.ignore_preferred_terms_of_existing_pods and not has_preferred:
+            return Status.skip()
+        # label key -> int64 array indexed by that label's value code: the domain's score
+        scores: dict[str, np.ndarray] = {}
+
+        def add(key: str, per_slot: np.ndarray, weight: int) -> None:
+            codes = table.topology_codes(key)
+            where = (per_slot != 0) & (codes >= 0)
+            if not where.any():
+                return
+            size = len(table.label_vocab[key])
+            part = np.bincount(codes[where], weights=per_slot[where], minlength=size).astype(np.int64) * weight
+            prev = scores.get(key)
+            scores[key] = part if prev is None else np.pad(prev, (0, size - len(prev))) + part
+
+        for sign, weighted in ((1, a.preferred_affinity), (-1, a.preferred_anti_affinity)):
+            for weight, t in weighted:
+                add(t.topology_key, table.pods_per_slot(self._matching(table, t)), sign * weight)
+        ns_labels = table.labels_of_namespace(pod.namespace)
+        for (kind, weight, term), slots in table.term_slots.items():
+            if kind == REQUIRED_AFFINITY:
+                weight *= self.hard_pod_affinity_weight
+            elif kind == PREFERRED_ANTI_AFFINITY:
+                weight = -weight
+            elif kind != PREFERRED_AFFINITY:
+                continue
+            if weight == 0 or not term.matches(pod.namespace, pod.labels, ns_labels):
+                continue
+            per_slot = np.zeros(table.n, np.int64)
+            at = np.fromiter(slots, np.int64, len(slots))
+            per_slot[at] = np.fromiter(slots.values(), np.int64, len(slots))
+            add(term.topology_key, per_slot, weight)
+        if not scores:
+            return Status.skip()
+        state.write(_SCORE_KEY, scores)
+        return Status.success()
+
+    def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        total = None
+        for key, by_code in state.read(_SCORE_KEY).items():
+            codes = table.topology_codes(key)[idx]
+            part = np.where(codes >= 0, by_code[codes], 0)  # a code is < len(by_code): sized to the vocabulary
+            total = part if total is None else total + part
+        return total.astype(np.int64)
+
+    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+        """Min-max over the feasible nodes to [0, 100] (upstream NormalizeScore; truncated)."""
+        if raw.size == 0:
+            return raw
+        low, high = int(raw.min()), int(raw.max())
+        if high == low:
+            return np.zeros_like(raw)
+        # float64 in upstream's order (the ratio first), then truncated as Go's int64()
+        return (float(MAX_NODE_SCORE) * ((raw - low) / (high - low))).astype(np.int64)
+
+
+def new(args: Any = None, partial_view: bool = False) -> InterPodAffinity:
+    """Factory; ``args`` is an `InterPodAffinityArgs` (None: upstream's defaults, weight 1)."""
+    if args is None:
+        return InterPodAffinity(partial_view=partial_view)
+    return InterPodAffinity(args.hard_pod_affinity_weight, args.ignore_preferred_terms_of_existing_pods,
+                            partial_view)

@@ -1,0 +1,230 @@
+"""PodTopologySpread, as kube-scheduler v1.28's plugin of that name, vectorized over nodes.
+
+A constraint's domains are the values of its topology key on the *eligible* nodes: nodes that have
+the keys of all the pod's constraints of that kind (DoNotSchedule for Filter, ScheduleAnyway for
+Score) and, per constraint, pass its node inclusion policies (``nodeAffinityPolicy: Honor``, the
+default: the pod's nodeSelector and required node affinity; ``nodeTaintsPolicy: Honor``: the pod
+tolerates the node's NoSchedule and NoExecute taints). A domain counts the pods on its eligible
+nodes in the pod's namespace that match the constraint's selector and are not being deleted.
+
+Filter (DoNotSchedule): a node without a constraint's key fails with ``node(s) didn't match pod
+topology spread constraints (missing required label)`` (UnschedulableAndUnresolvable); otherwise
+``count(node's domain) + (1 if the pod matches the selector) - global minimum <= maxSkew`` for every
+constraint, else ``node(s) didn't match pod topology spread constraints``. The global minimum is
+the smallest count over the eligible domains, 0 when there are fewer than ``minDomains``.
+
+Score (ScheduleAnyway): feasible nodes without all the keys are ignored (score 0). Otherwise a node
+scores ``round(sum over constraints of count(domain) * log(domains + 2) + maxSkew - 1)``, where
+``domains`` is the number of the constraint's domains among the feasible nodes (for
+``kubernetes.io/hostname``, the number of feasible nodes scored, and the count is the node's own);
+NormalizeScore gives ``100 * (max + min - score) / max`` (100 for all when max is 0): fewer matching
+pods score higher.
+
+Not applied: the cluster-level default constraints (``defaultConstraints``, and kube's system
+defaults), which upstream derives from the Services, ReplicaSets, StatefulSets and
+ReplicationControllers selecting the pod; shardsched does not read those objects, so a pod without
+constraints of its own is not spread (as upstream when no such object selects it).
+
+With ``partial_view`` (a shard of the sharded runtime sees only its own nodes), the global minimum
+cannot be known, so a pod with a DoNotSchedule constraint is refused at PreFilter
+(UnschedulableAndUnresolvable, saying so); ScheduleAnyway constraints are scored over the shard's
+nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardsched.api.objects import PodInfo
+from shardsched.api.podaffinity import SpreadConstraint
+from shardsched.cache.node_table import NodeTable
+from shardsched.framework.cycle_state import FEASIBLE_NODES_KEY, CycleState
+from shardsched.framework.interface import MAX_NODE_SCORE, FilterPlugin, Index, ScorePlugin, index_len
+from shardsched.framework.status import Status
+from shardsched.plugins.helper.node_selector import selector_mask, terms_mask
+
+NAME = "PodTopologySpread"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ERR_REASON_CONSTRAINTS_NOT_MATCH = "node(s) didn't match pod topology spread constraints"
+ERR_REASON_NODE_LABEL_NOT_MATCH = ERR_REASON_CONSTRAINTS_NOT_MATCH + " (missing required label)"
+_FILTER_KEY = NAME + "/preFilter"
+_SCORE_KEY = NAME + "/preScore"
+_DO_NOT_SCHEDULE, _SCHEDULE_ANYWAY = "DoNotSchedule", "ScheduleAnyway"
+_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def partial_view_message() -> str:
+    """The PreFilter rejection of a pod with a DoNotSchedule constraint in a shard (module docstring)."""
+    return ("pod has topology spread constraints with whenUnsatisfiable DoNotSchedule, which a shard of "
+            f"shardsched cannot check from its own nodes (plugin {NAME})")
+
+
+@dataclass(slots=True)
+class _Rule:
+    """One constraint, evaluated: matching pods per domain (indexed by value code) and the minimum."""
+
+    constraint: SpreadConstraint
+    per_domain: np.ndarray
+    minimum: int
+    self_match: int
+
+
+def _all_keys(table: NodeTable, constraints: tuple[SpreadConstraint, ...]) -> np.ndarray:
+    """bool array of shape (n,): valid nodes with every constraint's topology key."""
+    mask = table.valid[: table.n].copy()
+    for c in constraints:
+        mask &= table.topology_codes(c.topology_key) >= 0
+    return mask
+
+
+def _tolerates(table: NodeTable, pod: PodInfo) -> np.ndarray:
+    """bool array of shape (n,): nodes whose NoSchedule and NoExecute taints the pod tolerates."""
+    ok_per_set = np.array([all(t.effect not in _TAINT_EFFECTS or any(tol.tolerates(t) for tol in pod.tolerations)
+                               for t in taints) for taints in table.taint_sets], bool)
+    return ok_per_set[table.taint_set_id[: table.n]]
+
+
+def _included(table: NodeTable, pod: PodInfo, constraints: tuple[SpreadConstraint, ...]) -> list[np.ndarray]:
+    """Per constraint, bool array of shape (n,): the nodes that count for it (module docstring)."""
+    base = _all_keys(table, constraints)
+    everything = slice(0, table.n)
+    affinity = taints = None
+    out = []
+    for c in constraints:
+        mask = base
+        if c.node_affinity_policy == "Honor":
+            if affinity is None:
+                affinity = selector_mask(table, pod.node_selector, everything)
+                if pod.required_terms is not None:
+                    affinity &= terms_mask(table, pod.required_terms, everything)
+            mask = mask & affinity
+        if c.node_taints_policy == "Honor":
+            if taints is None:
+                taints = _tolerates(table, pod)
+            mask = mask & taints
+        out.append(mask)
+    return out
+
+
+def _matching_per_slot(table: NodeTable, pod: PodInfo, c: SpreadConstraint) -> np.ndarray:
+    """int64 array of shape (n,): pods on each node that the constraint counts."""
+    return table.pods_per_slot(table.matching_pods((pod.namespace,), None, c.selector, skip_deleting=True))
+
+
+def _per_domain(table: NodeTable, key: str, per_slot: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pods per domain, domain present): arrays indexed by value code of ``key``, over nodes ``where``."""
+    codes = table.topology_codes(key)
+    size = len(table.label_vocab.get(key, ()))
+    at = where & (codes >= 0)
+    counts = np.bincount(codes[at], weights=per_slot[at], minlength=size).astype(np.int64)
+    present = np.bincount(codes[at], minlength=size) > 0
+    return counts, present
+
+
+class PodTopologySpread(FilterPlugin, ScorePlugin):
+    name = NAME
+    static = False
+    normalizes = True
+    topology = True
+
+    def __init__(self, partial_view: bool = False) -> None:
+        self.partial_view = partial_view
+
+    # ------------------------------------------------------------------ filter
+    def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        hard = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _DO_NOT_SCHEDULE)
+        if not hard:
+            return Status.skip()
+        if self.partial_view:
+            return Status.unschedulable(partial_view_message(), plugin=NAME, resolvable=False)
+        rules = []
+        for c, included in zip(hard, _included(table, pod, hard)):
+            counts, present = _per_domain(table, c.topology_key, _matching_per_slot(table, pod, c), included)
+            domains = int(present.sum())
+            minimum = int(counts[present].min()) if domains else 2**31 - 1
+            if c.min_domains is not None and domains < c.min_domains:
+                minimum = 0
+            self_match = int(c.selector is not None and c.selector.matches(pod.labels))
+            rules.append(_Rule(c, counts, minimum, self_match))
+        state.write(_FILTER_KEY, rules)
+        return Status.success()
+
+    def _checks(self, rules: list[_Rule], table: NodeTable, idx: Index) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per rule, (has the key, skew within maxSkew): bool arrays over idx."""
+        out = []
+        for r in rules:
+            codes = table.topology_codes(r.constraint.topology_key)[idx]
+            has = codes >= 0
+            count = np.where(has, r.per_domain[np.where(has, codes, 0)] if r.per_domain.size else 0, 0)
+            out.append((has, count + r.self_match - r.minimum <= r.constraint.max_skew))
+        return out
+
+    def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        ok = np.ones(index_len(idx, table.n), bool)
+        for has, within in self._checks(state.read(_FILTER_KEY), table, idx):
+            ok &= has & within
+        return ok
+
+    def failure_reasons(self, state, pod, table, slots):
+        undecided = np.ones(len(slots), bool)
+        missing = skewed = 0
+        for has, within in self._checks(state.read(_FILTER_KEY), table, slots):
+            missing += int((undecided & ~has).sum())
+            undecided &= has
+            skewed += int((undecided & ~within).sum())
+            undecided &= within
+        return {r: c for r, c in ((ERR_REASON_NODE_LABEL_NOT_MATCH, missing),
+                                  (ERR_REASON_CONSTRAINTS_NOT_MATCH, skewed)) if c}
+
+    # ------------------------------------------------------------------ score
+    def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
+        soft = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _SCHEDULE_ANYWAY)
+        if not soft:
+            return Status.skip()
+        feasible = state.get(FEASIBLE_NODES_KEY)
+        if feasible is None:
+            feasible = table.valid[: table.n]
+        scored = feasible & _all_keys(table, soft)
+        n_scored = int(scored.sum())
+        parts = []
+        for c, included in zip(soft, _included(table, pod, soft)):
+            per_slot = _matching_per_slot(table, pod, c)
+            if c.topology_key == HOSTNAME_LABEL:
+                parts.append((c, per_slot, math.log(n_scored + 2)))
+                continue
+            counts, _ = _per_domain(table, c.topology_key, per_slot, included)
+            _, candidate = _per_domain(table, c.topology_key, per_slot, scored)
+            codes = table.topology_codes(c.topology_key)
+            parts.append((c, np.where(scored, counts[np.where(codes >= 0, codes, 0)] if counts.size else 0, 0),
+                          math.log(int(candidate.sum()) + 2)))
+        state.write(_SCORE_KEY, (scored, parts))
+        return Status.success()
+
+    def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
+        """Raw score over idx; -1 marks an ignored node (one without every constraint's key)."""
+        scored, parts = state.read(_SCORE_KEY)
+        total = np.zeros(index_len(idx, table.n), float)
+        for c, per_slot, weight in parts:
+            has = table.topology_codes(c.topology_key)[idx] >= 0
+            total += np.where(has, per_slot[idx] * weight + (c.max_skew - 1), 0.0)
+        return np.where(scored[idx], np.floor(total + 0.5), -1).astype(np.int64)  # Go's math.Round
+
+    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+        """Upstream NormalizeScore over the feasible nodes (ignored nodes, raw -1, get 0)."""
+        counted = raw >= 0
+        if not counted.any():
+            return np.zeros_like(raw)
+        low, high = int(raw[counted].min()), int(raw[counted].max())
+        if high == 0:
+            return np.where(counted, MAX_NODE_SCORE, 0).astype(np.int64)
+        return np.where(counted, MAX_NODE_SCORE * (high + low - raw) // high, 0).astype(np.int64)
+
+
+def new(args: Any = None, partial_view: bool = False) -> PodTopologySpread:
+    """Factory; ``args`` (`PodTopologySpreadArgs`) only selects default constraints, which are not
+    applied (module docstring)."""
+    return PodTopologySpread(partial_view)
