@@ -49,15 +49,15 @@ class World:
     def create(self, n: int, prefix: str = "pod-") -> list[dict]:
         return self.cluster.create_pods(uniform_pods(n, cpu="1", scheduler_name="shardsched", prefix=prefix))
 
-    def settle(self, timeout_s: float = 10.0) -> None:
+    def settle(self, timeout_s: float = 10.0, parked_ok: bool = False) -> None:
         """Step the coordinator and the shards until nothing moves and every pending pod is bound
-        or known unschedulable."""
+        or known unschedulable (``parked_ok``: and waits among a shard's unschedulable pods)."""
         deadline = time.monotonic() + timeout_s
         while True:
             busy = self.coordinator.step()
             busy = sum(s.step() for s in self.shards.values()) > 0 or busy
             status = self.coordinator.status()
-            if not busy and status["pending"] == status["unschedulable"] and not self.in_shards():
+            if not busy and status["pending"] == status["unschedulable"] and (parked_ok or not self.in_shards()):
                 return
             assert time.monotonic() < deadline, f"not settled: {status}"
             time.sleep(0.005)
@@ -446,3 +446,100 @@ def test_which_profiles_pack():
     assert packs(rtcr % (0, 10))
     assert not packs(rtcr % (10, 0))
     assert not packs(PACKING_ARGS + "  plugins:\n    score:\n      disabled:\n      - name: NodeResourcesFit\n")
+
+
+# ------------------------------------------------------------------ constraints across shards
+ZONE = "topology.kubernetes.io/zone"
+
+
+def zoned_world(ledger, zones: int = 3, per_zone: int = 2, shards: int = 2) -> World:
+    """Nodes ``node-<zone><i>`` in zones z0.. (so each zone's nodes fall to both shards, by hashing)."""
+    cluster = SimCluster(seed=0)
+    nodes = uniform_nodes(zones * per_zone, cpu="8")
+    for i, n in enumerate(nodes):
+        n["metadata"]["labels"][ZONE] = f"z{i % zones}"
+    cluster.create_nodes(nodes)
+    return World(ledger, n_nodes=0, shards=shards, cluster=cluster)
+
+
+def constrained_pods(n: int, prefix: str, **spec) -> list[dict]:
+    pods = uniform_pods(n, cpu="1", scheduler_name="shardsched", prefix=prefix)
+    for p in pods:
+        p["metadata"]["labels"] = {"app": prefix}
+        p["spec"].update(spec)
+    return pods
+
+
+def zones_of(world: World, prefix: str) -> Counter:
+    pods, _ = world.cluster.list_pods()
+    nodes = {n["metadata"]["name"]: n for n in world.cluster.list_nodes()[0]}
+    return Counter(nodes[p["spec"]["nodeName"]]["metadata"]["labels"][ZONE] for p in pods
+                   if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName"))
+
+
+def test_zone_spread_across_shards_is_kept_through_nominated_nodes(ledger):
+    """A DoNotSchedule zone spread (maxSkew 1) whose zones span both shards: no shard can know the
+    global minimum, so the coordinator nominates each pod's node over the whole cluster, counting the
+    pods it nominated before (kube's assume); 9 pods end 3/3/3, all bound, none refused."""
+    world = zoned_world(ledger)
+    assert {len(s.table.index) for s in world.shards.values()} == {3}
+    spread = [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "web"}}}]
+    world.cluster.create_pods(constrained_pods(9, "web", topologySpreadConstraints=spread))
+    world.settle()
+    assert zones_of(world, "web") == {"z0": 3, "z1": 3, "z2": 3}
+    assert world.coordinator.counters["nominated"] >= 9
+    assert world.coordinator.nominated == {}  # every assume gave way to the binding
+    inv = world.cluster.invariants()
+    assert inv["pods_bound"] == 9 and inv["bind_conflicts"] == 0
+
+
+def test_zone_affinity_and_anti_affinity_across_shards(ledger):
+    """Required affinity to a pod in zone z1 places every follower in z1 (on nodes of both shards);
+    required zone anti-affinity places one replica per zone and reports the fourth unschedulable
+    with kube's message over the whole cluster."""
+    world = zoned_world(ledger)
+    [db] = constrained_pods(1, "db")
+    world.cluster.create_pods([db])
+    world.settle()
+    db_zone = next(iter(zones_of(world, "db")))
+    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": ZONE}]}}
+    world.cluster.create_pods(constrained_pods(4, "follower", affinity=affinity))
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "solo"}}, "topologyKey": ZONE}]}}
+    world.cluster.create_pods(constrained_pods(4, "solo", affinity=anti))
+    world.settle(parked_ok=True)
+    assert zones_of(world, "follower") == {db_zone: 4}
+    assert sorted(zones_of(world, "solo").values()) == [1, 1, 1]
+    assert world.coordinator.unschedulable_reasons() == {
+        "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.": 1}
+
+
+def test_a_nominated_node_that_no_longer_fits_is_replaced(ledger):
+    """The nominated node is cordoned before the shard's attempt: the shard hands the pod back, the
+    coordinator nominates another node over the whole cluster, and the pod binds there."""
+    world = zoned_world(ledger)
+    spread = [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "web"}}}]
+    world.cluster.create_pods(constrained_pods(1, "web", topologySpreadConstraints=spread))
+    world.coordinator.poll_watch()
+    [(uid, first)] = world.coordinator.nominated.items()
+    world.cluster.cordon(first)
+    world.settle()
+    [pod] = [p for p in world.cluster.list_pods()[0] if p["metadata"]["uid"] == uid]
+    assert pod["spec"]["nodeName"] not in ("", None, first)
+
+
+def test_the_ledger_rebuild_does_not_count_nominated_pods(ledger):
+    """A nominated pod is assumed in the coordinator's table until bound; rebuilding the ledger from
+    that table must count only bound pods (the assume is no usage)."""
+    world = zoned_world(ledger)
+    spread = [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "web"}}}]
+    world.cluster.create_pods(constrained_pods(1, "web", topologySpreadConstraints=spread))
+    world.coordinator.poll_watch()
+    [node] = world.coordinator.nominated.values()
+    assert world.coordinator.table.requested_of(node).get("cpu") == 1000  # assumed for the next decision
+    world.coordinator.rebuild_ledger()
+    assert world.ledger.node_usage(node).used.get("cpu", 0) == 0

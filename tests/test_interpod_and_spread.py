@@ -17,6 +17,7 @@ import pytest
 
 from builders import default_framework, expr, node, pod, table_of, term
 from shardsched.api.objects import PodInfo
+from shardsched.api.podaffinity import LabelSelector
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import load_config, parse_plugin_args
 from shardsched.errors import InvalidObjectError
@@ -876,6 +877,30 @@ def test_partial_view_schedules_soft_constraints():
     assert sched.schedule(p.info(), assume=False).node == "n1"
 
 
+@pytest.mark.parametrize("make, ok_nodes", [
+    (lambda: spread(lp("s", cpu="100m", app="web"), ZONE), {"a1", "a2", "b1"}),
+    (lambda: with_terms(lp("f", cpu="100m"), "podAffinity", required=[aterm(ZONE, app="db")]), ALL4 - {"nz"}),
+    (lambda: with_terms(lp("z", cpu="100m", app="db"), required=[aterm(ZONE, app="db")]), {"b1", "nz"}),
+], ids=["zone-spread", "zone-affinity", "zone-anti-affinity"])
+def test_partial_view_places_a_nominated_pod_on_its_node_or_nowhere(make, ok_nodes):
+    """A pod the coordinator nominated a node for (its constraint needs the whole cluster) goes to
+    that node if it passes the shard's filters, and nowhere else. The shard trusts the coordinator
+    for what it cannot see (the skew, the affine pods), checks what the node decides (it has the
+    keys) and anti-affinity again over its own pods."""
+    table = zone_table(on(lp("db", app="db"), "a1"))
+    sched = shard_scheduler(table)
+    for name in sorted(ALL4):
+        result = sched.schedule(make().info().nominated(name), assume=False)
+        if name in ok_nodes:
+            assert result.node == name, name
+        else:
+            assert result.node is None and "nominated node" in result.status.message, name
+    table.set_unschedulable("b1", True)
+    assert sched.schedule(make().info().nominated("b1"), assume=False).node is None
+    missing = sched.schedule(make().info().nominated("elsewhere"), assume=False)
+    assert missing.node is None and "nominated node elsewhere is not among these nodes" in missing.status.message
+
+
 # =================================================================== cache: no stale decisions
 def test_cache_sees_each_anti_affine_placement():
     """Identical anti-affine replicas (one signature) scheduled one after the other: every decision
@@ -1027,3 +1052,44 @@ def test_cli_required_affinity_to_a_bound_pod_and_namespace_selector(tmp_path):
     assert out["same-ns-only"]["status"] == "Unschedulable"
     assert out["same-ns-only"]["reason"] == f"0/4 nodes are available: 4 {AFF}."
     assert out["web"]["node"] in ("b1", "b2")  # zone a is guarded
+
+
+# =================================================================== the table's per-label counts
+def test_count_matching_agrees_with_matching_pods_through_adds_removes_and_node_changes():
+    """`NodeTable.count_matching` keeps one-label selectors' counts up to date incrementally; after
+    any sequence of pod adds, removes (deleting pods included), node removals and re-adds it must
+    equal counting `matching_pods` afresh, for one-label and other selectors."""
+    rng = np.random.default_rng(7)
+    table = table_of(*(node(f"n{i}") for i in range(6)))
+    selectors = [LabelSelector((("app", "a"),)), LabelSelector((("app", "b"),)),
+                 LabelSelector((("app", "a"), ("tier", "x"))), LabelSelector((), (("app", "In", ("a", "b")),))]
+    live: dict[str, str] = {}
+    for step in range(400):
+        op = rng.integers(10)
+        if op < 6 or not live:
+            uid = f"u{step}"
+            labels = {"app": str(rng.choice(["a", "b", "c"]))}
+            if rng.integers(2):
+                labels["tier"] = "x"
+            ns = str(rng.choice(["default", "other"]))
+            p = lp(uid, namespace=ns, **labels)
+            if rng.integers(5) == 0:
+                p["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+            p["metadata"]["uid"] = uid
+            node_name = f"n{rng.integers(6)}"
+            table.add_pod(PodUsage.of(p.info()), node_name)
+            live[uid] = node_name
+        elif op < 9:
+            uid = str(rng.choice(sorted(live)))
+            table.remove_pod(uid)
+            del live[uid]
+        else:
+            name = f"n{rng.integers(6)}"
+            table.remove_node(name, keep_pods=True)
+            table.add_node(node(name).info())
+        for sel in selectors:
+            for nss in (("default",), ("default", "other")):
+                for skip in (False, True):
+                    got = table.count_matching(nss, None, sel, skip_deleting=skip)
+                    want = table.pods_per_slot(table.matching_pods(nss, None, sel, skip_deleting=skip))
+                    assert got.tolist() == want.tolist(), (step, sel, nss, skip)

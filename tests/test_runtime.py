@@ -143,50 +143,48 @@ def test_an_over_full_cluster_reports_the_surplus_as_unschedulable(redis_server)
                    for e in events[key])
 
 
-def test_a_pod_whose_constraint_is_not_checked_stays_pending_with_the_reason(redis_server):
+def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods_bind(redis_server):
     """A PersistentVolumeClaim volume (VolumeBinding: not implemented, enabled in kube's default
-    profile) and a zone spread constraint (PodTopologySpread: a shard cannot check it from its own
-    nodes): the pods are refused, not placed in breach; each is kept by the coordinator, counted
+    profile): the pod is refused, not placed in breach; it is kept by the coordinator, counted
     unschedulable with a message naming the plugin, and gets the PodScheduled=False condition and
-    FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards: the
-    two replicas bind on two nodes, and so do the other pods."""
-    anti1, anti2, claim, spread, plain = uniform_pods(5, cpu="1", scheduler_name=SCHEDULER)
+    FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards (the two
+    replicas bind on two nodes); DoNotSchedule spread over hostnames, which no shard can check
+    alone, binds on the nodes the coordinator nominates: one pod per node, on nodes of both shards."""
+    anti1, anti2, claim, plain = uniform_pods(4, cpu="1", scheduler_name=SCHEDULER)
     for p, name in ((anti1, "anti1"), (anti2, "anti2")):
         p["metadata"].update(name=name, labels={"app": "w"})
         p["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"app": "w"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     claim["metadata"]["name"] = "claim"
     claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
-    spread["metadata"].update(name="spread", labels={"app": "s"})
-    spread["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                                     "whenUnsatisfiable": "DoNotSchedule",
-                                                     "labelSelector": {"matchLabels": {"app": "s"}}}]
+    spread = uniform_pods(4, cpu="100m", scheduler_name=SCHEDULER, prefix="spread-")
+    for p in spread:
+        p["metadata"]["labels"] = {"app": "s"}
+        p["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                   "whenUnsatisfiable": "DoNotSchedule",
+                                                   "labelSelector": {"matchLabels": {"app": "s"}}}]
     with Deployment(redis_server.url, uniform_nodes(4, cpu="2"), shards=2) as d:
-        d.create([anti1, anti2, claim, spread, plain])
+        d.create([anti1, anti2, claim, plain, *spread])
         status = d.wait_settled()
         inv = d.ask(d.cluster.invariants)
         pods = {p["metadata"]["name"]: p for p in d.ask(d.cluster.list_pods)[0]}
-        events = {name: d.ask(d.cluster.events_for, "default", name) for name in ("claim", "spread")}
+        events = d.ask(d.cluster.events_for, "default", "claim")
         reasons = d.ask(d.coordinator.unschedulable_reasons)
         tracked = set(d.ask(d.coordinator.pending_keys))
 
-    messages = {
-        "claim": "0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
-                 "does not implement (plugin VolumeBinding).",
-        "spread": "0/4 nodes are available: pod has topology spread constraints with whenUnsatisfiable "
-                  "DoNotSchedule, which a shard of shardsched cannot check from its own nodes (plugin "
-                  "PodTopologySpread).",
-    }
+    message = ("0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
+               "does not implement (plugin VolumeBinding).")
     assert pods[plain["metadata"]["name"]]["spec"].get("nodeName")
     assert pods["anti1"]["spec"].get("nodeName") and pods["anti2"]["spec"].get("nodeName")
     assert pods["anti1"]["spec"]["nodeName"] != pods["anti2"]["spec"]["nodeName"]
-    assert sorted(inv["pods_unbound"]) == ["default/claim", "default/spread"] == sorted(tracked)
-    assert status["unschedulable"] == status["pending"] == 2
-    assert reasons == {m: 1 for m in messages.values()}
-    for name, message in messages.items():
-        [cond] = [c for c in pods[name]["status"]["conditions"] if c["type"] == "PodScheduled"]
-        assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", message)
-        assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in events[name])
+    assert sorted(pods[p["metadata"]["name"]]["spec"].get("nodeName") or "" for p in spread) == [
+        f"node-{i:05d}" for i in range(4)]
+    assert inv["pods_unbound"] == ["default/claim"] and tracked == {"default/claim"}
+    assert status["unschedulable"] == status["pending"] == 1
+    assert reasons == {message: 1}
+    [cond] = [c for c in pods["claim"]["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", message)
+    assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in events)
 
 
 # ------------------------------------------------------------------------------------ shard death

@@ -7,6 +7,7 @@ plugins never meet a malformed object: a bad field raises `InvalidObjectError` n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -318,6 +319,9 @@ class PodInfo:
         spread_constraints: its ``spec.topologySpreadConstraints``, ``matchLabelKeys`` merged.
         claim_volumes: names of its volumes that need volume binding (``persistentVolumeClaim``,
             ``ephemeral``).
+        nominated_node_name: the node the coordinator chose for this pod over the whole cluster,
+            for a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``):
+            the shard places the pod there or hands it back. Not read from the object.
         signature: hash of everything that decides where the pod can go and how nodes score for it;
             pods with the same signature share cached Filter/Score results.
     """
@@ -344,6 +348,7 @@ class PodInfo:
     claim_volumes: tuple[str, ...]
     labels: dict[str, str]
     creation_timestamp: str
+    nominated_node_name: str = ""
     signature: str = ""
     obj: dict = field(default_factory=dict, repr=False)
 
@@ -351,6 +356,12 @@ class PodInfo:
     def key(self) -> str:
         """``namespace/name``, the key kube uses in queues and caches."""
         return f"{self.namespace}/{self.name}"
+
+    def nominated(self, node: str) -> "PodInfo":
+        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated."""
+        copy = dataclasses.replace(self, nominated_node_name=node)
+        copy.signature = copy.compute_signature()
+        return copy
 
     @property
     def required_pod_affinity(self) -> bool:
@@ -459,7 +470,7 @@ class PodInfo:
         """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
         ``spec.nodeName`` (the NodeName filter depends on it), the scheduling gates, the volumes
         that need binding, and what InterPodAffinity and PodTopologySpread read of the pod itself
-        (namespace, labels, pod affinity terms, spread constraints)."""
+        (namespace, labels, pod affinity terms, spread constraints), and the nominated node."""
         parts = (
             self.node_name,
             sorted(self.requests.items()),
@@ -478,6 +489,7 @@ class PodInfo:
             sorted(self.labels.items()),
             None if self.pod_affinity.empty else self.pod_affinity.key,
             repr(self.spread_constraints) if self.spread_constraints else None,
+            self.nominated_node_name,
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
 

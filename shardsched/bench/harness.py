@@ -126,9 +126,13 @@ class RaySession:
     def __enter__(self) -> "RaySession":
         import ray
 
+        from shardsched.sharding.scaling import RAY_NAMESPACE
+
         if not ray.is_initialized():
+            # in shardsched's namespace, as `run`'s job: the runs' detached actors live there (else
+            # Ray's raylet warns on stdout about each, into `-o json`)
             ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
-                     configure_logging=False)
+                     configure_logging=False, namespace=RAY_NAMESPACE)
             self._started = True
         self.address = ray.get_runtime_context().gcs_address
         return self

@@ -234,7 +234,11 @@ def _name(obj: dict, fallback: str, index: int) -> None:
 
 
 def _node(obj: dict, index: int, prefix: str) -> dict:
+    """A node of a template, named, with upstream's ``kubernetes.io/hostname`` label (scheduler_perf's
+    node preparer sets it) and allocatable defaulted to capacity."""
     _name(obj, prefix, index)
+    meta = obj.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/hostname": meta["name"]}
     status = obj.setdefault("status", {})
     if not status.get("allocatable") and status.get("capacity"):
         status["allocatable"] = dict(status["capacity"])  # the API server's SetDefaults_NodeStatus
@@ -316,7 +320,7 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
                 for k in range(_count(op, w.params)):
                     node = _node(templates.stamp(path, k), start + k, "node-")
                     if label:  # upstream LabelNodePrepareStrategy: a random value of the list
-                        node["metadata"]["labels"] = {label["labelKey"]: rng.choice(label["labelValues"])}
+                        node["metadata"]["labels"][label["labelKey"]] = rng.choice(label["labelValues"])
                     p.nodes.append(node)
             continue
         if code == "churn":
@@ -640,7 +644,9 @@ def markdown(results: list[PerfResult], cat: list[dict], params: PerfParams) -> 
             body.append([r.workload.full_name, "", "", "", "skipped", "—", f"{thr:g}" if thr else "—", "", "", "", "",
                          "; ".join(r.reasons)])
             continue
-        note = "; ".join(r.reasons + m.errors + ([f"{r.init_unplaced} init pods did not fit"] if r.init_unplaced else [])
+        unbound = [f"{m.pods - m.bound:,} measured pods not bound"] if m.bound < m.pods else []
+        note = "; ".join(r.reasons + m.errors + unbound
+                         + ([f"{r.init_unplaced} init pods did not fit"] if r.init_unplaced else [])
                          + ([f"{r.churn_objects} churn objects"] if r.churn_objects else []))
         body.append([r.workload.full_name, f"{r.nodes:,}", f"{r.init_pods:,}", f"{m.bound:,}/{m.pods:,}",
                      r.status, fmt_rate(m.throughput_pods_per_s), f"{thr:g}" if thr else "—",

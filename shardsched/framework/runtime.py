@@ -88,6 +88,12 @@ class Framework:
                 return Status(st.code, st.reasons, p.name)
         return Status.success()
 
+    def needs_cluster_view(self, pod: PodInfo) -> bool:
+        """Whether an enabled Filter plugin needs the whole cluster to decide this pod (InterPodAffinity's
+        required affinity and wide anti-affinity, PodTopologySpread's DoNotSchedule constraints):
+        in the sharded runtime the coordinator then nominates its node (``PodInfo.nominated_node_name``)."""
+        return any(bool(p.needs_cluster_view(pod)) for p in self.filter_plugins if p.name in CLUSTER_WIDE)
+
     def plugin_names(self, point: str) -> list[str]:
         """Names of the plugins enabled at an extension point, in order (for inspection and docs)."""
         if point == "preEnqueue":

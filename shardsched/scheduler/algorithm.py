@@ -116,14 +116,17 @@ class GenericScheduler:
 
     # ------------------------------------------------------------------ public
     def schedule(self, pod: PodInfo, assume: bool = True) -> ScheduleResult:
-        """Filter, score and select a node for ``pod``; assume it there when ``assume``.
+        """Filter, score and select a node for ``pod``; assume it there when ``assume``. A pod with
+        a ``nominated_node_name`` goes there if it fits, else nowhere (`_schedule_nominated`).
 
         Returns a ScheduleResult; never raises for an unschedulable pod (that is a Status).
         """
         table = self.table
         if table.num_nodes == 0:
             return ScheduleResult(pod, None, Status.unschedulable(NO_NODES_MESSAGE))
-        if self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
+        if pod.nominated_node_name:
+            result = self._schedule_nominated(pod)
+        elif self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
                                                         table.num_nodes) < table.num_nodes:
             result = self._schedule_sampled(pod)
         else:
@@ -282,6 +285,20 @@ class GenericScheduler:
             return ScheduleResult(pod, None, self._diagnose(pod, entry.state, entry))
         slot = self._pick(np.flatnonzero(final == best))
         return ScheduleResult(pod, self.table.names[slot], Status.success())
+
+    def _schedule_nominated(self, pod: PodInfo) -> ScheduleResult:
+        """The pod on its nominated node or not at all: the node the coordinator chose over the whole
+        cluster (``PodInfo.nominated_node_name``), if it passes this table's filters."""
+        name = pod.nominated_node_name
+        slot = self.table.index.get(name)
+        if slot is None:
+            return ScheduleResult(pod, None, Status.unschedulable(f"nominated node {name} is not among these nodes"))
+        entry = self._entry(pod)
+        if entry.rejected is not None:
+            return ScheduleResult(pod, None, self._prefilter_status(entry.rejected))
+        if entry.final[slot] < 0:
+            return ScheduleResult(pod, None, Status.unschedulable(f"nominated node {name} does not fit the pod"))
+        return ScheduleResult(pod, name, Status.success())
 
     def _schedule_sampled(self, pod: PodInfo) -> ScheduleResult:
         """kube's path with ``percentageOfNodesToScore``: filter nodes in round-robin order from

@@ -54,7 +54,7 @@ from shardsched.config import SchedulerConfiguration
 from shardsched.errors import InvalidObjectError, TemporaryError
 from shardsched.metrics import ShardMetrics
 from shardsched.plugins.noderesources.fit import MOST_ALLOCATED, REQUESTED_TO_CAPACITY_RATIO, NodeResourcesFit
-from shardsched.scheduler.algorithm import GenericScheduler, fit_error_message
+from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
 from shardsched.queue import GATED, QueuedPodInfo
 from shardsched.sharding.hashing import assign, moved_fraction
@@ -219,6 +219,8 @@ class Coordinator:
         self.table = NodeTable()
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(config, self.table, seed=0, partial_view=True)
         self.default = next(iter(self.schedulers.values()))
+        #: the same profiles over the whole cluster, to nominate nodes (`_nominate`)
+        self.cluster_schedulers = build_schedulers(config, self.table, seed=0)
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
         self.owner_slots = np.zeros(0, np.int32)
@@ -229,6 +231,8 @@ class Coordinator:
         self.on_relist: Callable[[], None] | None = None
         self.pending: dict[str, Tracked] = {}  # uid -> tracked pending pod
         self.bound_on: dict[str, str] = {}  # uid -> node, pods counted in the table
+        #: uid -> node: pending pods assumed in the table on the node nominated for them (`_nominate`)
+        self.nominated: dict[str, str] = {}
         self.routed = np.zeros(0, np.int64)  # pods routed per shard and not yet bound
         self.metrics = ShardMetrics()
         self.counters = defaultdict(int)
@@ -315,6 +319,8 @@ class Coordinator:
         self.table = NodeTable()
         self.schedulers = build_schedulers(self.config, self.table, seed=0, partial_view=True)
         self.default = next(iter(self.schedulers.values()))
+        self.cluster_schedulers = build_schedulers(self.config, self.table, seed=0)
+        self.nominated.clear()
         self.bound_on.clear()
         self.gated.clear()  # the list shows every gated pod again
         infos = []
@@ -495,8 +501,8 @@ class Coordinator:
         # the table counted them again (orphans); its owner shard must count them too.
         for info in new_infos:
             slot = self.table.index.get(info.name)
-            if slot is not None and self.table.pods[slot]:
-                back = [(usage, info.name) for usage in self.table.pods[slot].values()]
+            back = [(usage, info.name) for usage in self._bound_usages(slot)] if slot is not None else []
+            if back:
                 self.shards[self.owners[info.name]].remote.call("apply_bound", back, [])
         for s in self.shards:
             s.remote.call("nudge", "NodeUpdate")
@@ -519,6 +525,7 @@ class Coordinator:
             terminal = phase in ("Succeeded", "Failed")
             if typ == "DELETED" or (node and terminal):
                 new.pop(uid, None)
+                self._unnominate(uid)
                 if typ == "DELETED":
                     self.invalid.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
                 old = self.bound_on.pop(uid, None)
@@ -541,6 +548,7 @@ class Coordinator:
             if node:
                 new.pop(uid, None)
                 self.gated.pop(uid, None)
+                self._unnominate(uid)  # its assume gives way to the truth
                 if self.bound_on.get(uid) == node:
                     continue
                 t = self.pending.pop(uid, None)
@@ -677,13 +685,17 @@ class Coordinator:
         by_shard: dict[int, list[PodInfo]] = defaultdict(list)
         counts_cache: dict[str, tuple[_Room, np.ndarray]] = {}
         for pod in pods:
-            counts = counts_cache.get(pod.signature)
-            if counts is None:
-                counts = counts_cache[pod.signature] = self._shard_counts(pod)
-            room, static = counts
-            target = self._choose(room, static)
-            if target is None:  # fits nowhere now: the shard with most matching nodes reports why
-                target = int(np.argmax(static)) if static.any() else 0
+            target, nominated = self._nominate(pod)
+            if nominated is not None:
+                pod = nominated
+            else:
+                counts = counts_cache.get(pod.signature)
+                if counts is None:
+                    counts = counts_cache[pod.signature] = self._shard_counts(pod)
+                room, static = counts
+                target = self._choose(room, static)
+                if target is None:  # fits nowhere now: the shard with most matching nodes reports why
+                    target = int(np.argmax(static)) if static.any() else 0
             slim = _slim(pod)  # kept and sent without the raw object: memory is per pending pod
             self.pending[pod.uid] = Tracked(slim, target)
             self.routed[target] += 1
@@ -719,6 +731,19 @@ class Coordinator:
                     t.tried.clear()
                 elif h.reason != BIND_CONFLICT:  # a rejected bind says nothing about the shard's room
                     t.tried.add(shard)
+                if self._needs_cluster_view(pod):
+                    # its node is chosen here over the whole cluster, afresh after any failure
+                    self._unroute(t.shard)
+                    target, nominated = self._nominate(pod.nominated(""))
+                    if nominated is not None:
+                        t.pod, h.qpi.pod_info, t.shard = _slim(nominated), nominated, target
+                        self.routed[target] += 1
+                        retry[target].append(h.qpi)
+                        continue
+                    h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
+                    _, static = self._shard_counts(h.qpi.pod_info)
+                    self._give_up_round(t, h.qpi, self._cluster_decision(h.qpi.pod_info), static, shard, park)
+                    continue
                 room, static = self._shard_counts(pod)
                 target = self._choose(room, static, exclude=t.tried)
                 self._unroute(t.shard)
@@ -738,15 +763,7 @@ class Coordinator:
                     self.routed[target] += 1
                     retry[target].append(h.qpi)
                     continue
-                t.rounds += 1
-                t.unschedulable = True
-                target = int(np.argmax(static)) if static.any() else min(shard, len(self.shards) - 1)
-                if not self.shards[target].alive:
-                    target = next((s.index for s in self.shards if s.alive), shard)
-                t.shard = target
-                self.routed[target] += 1
-                self._record_unschedulable(t, result.status.message)
-                park[target].append(h.qpi)
+                self._give_up_round(t, h.qpi, result, static, shard, park)
         for index, qpis in retry.items():
             self.shards[index].remote.call("accept", qpis, False)
         for index, pods in forward.items():
@@ -754,6 +771,64 @@ class Coordinator:
         for index, qpis in park.items():
             self.shards[index].remote.call("accept", qpis, True)
         return True
+
+    def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult, static: np.ndarray,
+                       shard: int, park: dict[int, list]) -> None:
+        """A round over the cluster found no node (``failed``: the decision over the whole
+        cluster): one failed attempt (kube's FailureHandler); the pod waits among the
+        unschedulable pods of the shard with most matching nodes."""
+        t.rounds += 1
+        t.unschedulable = True
+        target = int(np.argmax(static)) if static.any() else min(shard, len(self.shards) - 1)
+        if not self.shards[target].alive:
+            target = next((s.index for s in self.shards if s.alive), shard)
+        t.shard = target
+        self.routed[target] += 1
+        self._record_unschedulable(t, failed.status.message)
+        park[target].append(qpi)
+
+    # ------------------------------------------------------------------ nominated nodes
+    def _needs_cluster_view(self, pod: PodInfo) -> bool:
+        return self.schedulers.get(pod.scheduler_name, self.default).framework.needs_cluster_view(pod)
+
+    def _cluster_decision(self, pod: PodInfo, assume: bool = False) -> ScheduleResult:
+        """kube's decision for ``pod`` over the whole cluster (this table, every plugin of its
+        profile over every node, the pods nominated so far included)."""
+        sched = self.cluster_schedulers.get(pod.scheduler_name) or next(iter(self.cluster_schedulers.values()))
+        return sched.schedule(pod, assume=assume)
+
+    def _nominate(self, pod: PodInfo) -> tuple[int | None, PodInfo | None]:
+        """For a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``:
+        required pod affinity, anti-affinity over a wider key than the hostname, DoNotSchedule
+        spread): choose its node over the whole cluster, assume it there (so the pods nominated
+        after it see it, as kube-scheduler's assume), and return (owner shard, the pod with
+        ``nominated_node_name``). (None, None) for other pods, and when no node fits or the node
+        has no live owner; the shard then refuses the pod and the rebalancer decides again.
+
+        The assume is undone when the pod is bound or deleted, or handed back (`_unnominate`); it is
+        never taken for a bound pod (the ledger's rebuild and the shards read `_bound_usages`).
+        """
+        if not self._needs_cluster_view(pod):
+            return None, None
+        self._unnominate(pod.uid)
+        result = self._cluster_decision(pod.nominated(""), assume=True)
+        owner = self.owners.get(result.node) if result.node is not None else None
+        if owner is None or not self.shards[owner].alive:
+            if result.node is not None:
+                self.table.remove_pod(pod.uid)
+            return None, None
+        self.nominated[pod.uid] = result.node
+        self.counters["nominated"] += 1
+        return owner, pod.nominated(result.node)
+
+    def _unnominate(self, uid: str) -> None:
+        """Undo `_nominate`'s assume; safe to call for any pod."""
+        if self.nominated.pop(uid, None) is not None and uid not in self.bound_on:
+            self.table.remove_pod(uid)
+
+    def _bound_usages(self, slot: int) -> list[PodUsage]:
+        """The pods bound on a table slot, without the assumed nominated ones."""
+        return [u for u in self.table.pods[slot].values() if u.uid not in self.nominated]
 
     def _record_unschedulable(self, t: Tracked, message: str) -> None:
         """PodScheduled=False and a FailedScheduling Event with kube's message over all nodes; after
@@ -851,7 +926,7 @@ class Coordinator:
         """
         drift = 0
         for name, slot in list(self.table.index.items()):
-            bound = {uid: usage.requests for uid, usage in self.table.pods[slot].items()}
+            bound = {usage.uid: usage.requests for usage in self._bound_usages(slot)}
             drift += self.ledger.reconcile(name, self.table.allocatable_of(name), bound).drift
         self.epoch = max(self.epoch, self.ledger.epoch()) + 1
         self.ledger.set_owners({n: self.shards[o].member for n, o in self.owners.items()}, self.epoch)
@@ -892,7 +967,7 @@ class Coordinator:
             s.remote.call("set_epoch", self.epoch)
         nodes = [self.table.nodes[self.table.index[n]].obj for n in mine if n in self.table.index]
         remote.call("apply_nodes", nodes, [])
-        bound = [(u, n) for n in mine if n in self.table.index for u in self.table.pods[self.table.index[n]].values()]
+        bound = [(u, n) for n in mine if n in self.table.index for u in self._bound_usages(self.table.index[n])]
         remote.call("apply_bound", bound, [])
         pods = [_slim(t.pod) for t in self.pending.values() if t.shard == index]
         if pods:
@@ -1012,7 +1087,7 @@ class Coordinator:
         for index, names in gained.items():
             slots = [self.table.index[name] for name in names if name in self.table.index]
             self._tell(self.shards[index], "apply_nodes", [self.table.nodes[slot].obj for slot in slots], [])
-            bound = [(usage, self.table.names[slot]) for slot in slots for usage in self.table.pods[slot].values()]
+            bound = [(usage, self.table.names[slot]) for slot in slots for usage in self._bound_usages(slot)]
             if bound:
                 self._tell(self.shards[index], "apply_bound", bound, [])
         for index, names in lost.items():
@@ -1077,6 +1152,18 @@ class Coordinator:
         counts_cache: dict[str, tuple[_Room, np.ndarray]] = {}
         for t, q in items:
             self._unroute(t.shard)
+            target, nominated = (None, None) if t.unschedulable else self._nominate(t.pod)
+            if nominated is not None:  # a node over the whole cluster, afresh: the shards changed
+                t.pod, t.shard = _slim(nominated), target
+                if q is not None:
+                    q.pod_info = t.pod
+                forward[target].append(t.pod)
+                self.routed[target] += 1
+                continue
+            if t.pod.nominated_node_name:  # no node now: its shard refuses it, the rebalancer decides
+                t.pod = t.pod.nominated("")
+                if q is not None:
+                    q.pod_info = t.pod
             counts = counts_cache.get(t.pod.signature)
             if counts is None:
                 counts = counts_cache[t.pod.signature] = self._shard_counts(t.pod)
@@ -1163,6 +1250,7 @@ class Coordinator:
             "pending": len(self.pending), "unschedulable": unsched, "gated": len(self.gated),
             "gave_up": self.counters["gave_up"], "bound_seen": self.counters["bound"],
             "routed": self.counters["routed"], "requeues": self.counters["requeues"],
+            "nominated": self.counters["nominated"], "nominated_pending": len(self.nominated),
             "invalid": len(self.invalid), "replaced_shards": self.replaced, "ledger_rebuilds": self.ledger_rebuilds,
             "last_error": self.last_error,
             "scale_steps": len(self.scale_steps), "autoscaler": self.autoscaler is not None,

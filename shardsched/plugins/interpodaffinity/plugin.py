@@ -23,12 +23,15 @@ skipped with ``ignorePreferredTermsOfExistingPods`` when the pod has no preferre
 scores the sum over the domains it is in; NormalizeScore maps min..max of the feasible nodes to
 0..100 (all 0 when they are equal).
 
-With ``partial_view`` (a shard of the sharded runtime sees only its own nodes and their pods), the
-Filter can only be decided where a node's own pods decide it: pods with required pod affinity, or
-required anti-affinity over a topology key other than ``kubernetes.io/hostname``, are refused at
-PreFilter (UnschedulableAndUnresolvable, saying so); existing pods' anti-affinity is checked against
-the pods of the shard's nodes (exact for ``kubernetes.io/hostname``, the shard's part of a wider
-domain otherwise); scores use the shard's pods.
+With ``partial_view`` (a shard of the sharded runtime sees only its own nodes and their pods), a
+node's own pods decide only required anti-affinity over ``kubernetes.io/hostname`` and, for the
+shard's part of a domain, the existing pods' anti-affinity; those are checked over the shard's
+pods. A pod with required pod affinity or required anti-affinity over another key
+(`needs_cluster_view`) is placed on the node the coordinator nominated for it over the whole
+cluster (``PodInfo.nominated_node_name``): its anti-affinity is checked again over the shard's
+pods (a subset of what the coordinator saw, and fresher for the pods the shard placed itself), its
+affinity is taken as the coordinator decided it (the node must have the terms' keys). Without a nomination such a pod is refused at
+PreFilter (UnschedulableAndUnresolvable, saying so). Scores use the shard's pods.
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ _SCORE_KEY = NAME + "/preScore"
 
 
 def partial_view_message(what: str) -> str:
-    """The PreFilter rejection of a pod the sharded runtime cannot check (module docstring)."""
+    """The PreFilter rejection of a pod a shard cannot check and the coordinator did not nominate
+    a node for (module docstring)."""
     return (f"pod has {what}, which a shard of shardsched cannot check from its own nodes "
-            f"(plugin {NAME}; only required anti-affinity over {HOSTNAME_LABEL} is checked in shards)")
+            f"and no node was nominated for it over the whole cluster (plugin {NAME})")
 
 
 def _present(table: NodeTable, key: str, per_slot: np.ndarray) -> np.ndarray:
@@ -72,7 +76,8 @@ def _present(table: NodeTable, key: str, per_slot: np.ndarray) -> np.ndarray:
 class _FilterState:
     """What PreFilter found: domains (label key -> codes) per rule."""
 
-    affinity: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    #: (topology key, codes of the domains with matching pods; None: only the key is checked)
+    affinity: list[tuple[str, np.ndarray | None]] = field(default_factory=list)
     affinity_any: bool = False
     self_match: bool = False
     anti: dict[str, np.ndarray] = field(default_factory=dict)
@@ -96,44 +101,58 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
         self.ignore_preferred_terms_of_existing_pods = ignore_preferred_terms_of_existing_pods
         self.partial_view = partial_view
 
+    @staticmethod
+    def needs_cluster_view(pod: PodInfo) -> str | None:
+        """What of the pod a shard cannot check from its own nodes (module docstring), or None."""
+        a = pod.pod_affinity
+        wide = sorted({t.topology_key for t in a.required_anti_affinity if t.topology_key != HOSTNAME_LABEL})
+        what = [w for w, has in (("required pod affinity", bool(a.required_affinity)),
+                                 (f"required pod anti-affinity over {', '.join(wide)}", bool(wide))) if has]
+        return " and ".join(what) or None
+
     # ------------------------------------------------------------------ filter
     def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
         a = pod.pod_affinity
+        required_affinity = a.required_affinity
         if self.partial_view:
-            wide = [t.topology_key for t in a.required_anti_affinity if t.topology_key != HOSTNAME_LABEL]
-            what = [w for w, has in (("required pod affinity", bool(a.required_affinity)),
-                                     (f"required pod anti-affinity over {', '.join(sorted(set(wide)))}", bool(wide)))
-                    if has]
-            if what:
-                return Status.unschedulable(partial_view_message(" and ".join(what)), plugin=NAME, resolvable=False)
+            what = self.needs_cluster_view(pod)
+            if what and not pod.nominated_node_name:
+                return Status.unschedulable(partial_view_message(what), plugin=NAME, resolvable=False)
+            required_affinity = ()  # decided by the coordinator for the nominated node
         s = _FilterState()
+        if a.required_affinity and not required_affinity:  # the node must still have the terms' keys
+            s.affinity = [(t.topology_key, None) for t in a.required_affinity]
         ns_labels = table.labels_of_namespace(pod.namespace)
         for (kind, _, term), slots in table.term_slots.items():
             if kind == REQUIRED_ANTI_AFFINITY and term.matches(pod.namespace, pod.labels, ns_labels):
                 codes = table.topology_codes(term.topology_key)
                 at = np.fromiter(slots, np.int64, len(slots))
                 _merge(s.existing, term.topology_key, np.unique(codes[at][codes[at] >= 0]))
-        if not a.required_affinity and not a.required_anti_affinity and not s.existing:
+        if not s.affinity and not required_affinity and not a.required_anti_affinity and not s.existing:
             return Status.skip()
-        if a.required_affinity:
+        if required_affinity:
             uids = None
-            for t in a.required_affinity:
+            for t in required_affinity:
                 found = self._matching(table, t)
                 uids = found if uids is None else uids & found
             per_slot = table.pods_per_slot(uids or ())
-            for t in a.required_affinity:
+            for t in required_affinity:
                 codes = _present(table, t.topology_key, per_slot)
                 s.affinity.append((t.topology_key, codes))
                 s.affinity_any = s.affinity_any or bool(codes.size)
-            s.self_match = all(t.matches(pod.namespace, pod.labels, ns_labels) for t in a.required_affinity)
+            s.self_match = all(t.matches(pod.namespace, pod.labels, ns_labels) for t in required_affinity)
         for t in a.required_anti_affinity:
-            _merge(s.anti, t.topology_key, _present(table, t.topology_key, table.pods_per_slot(self._matching(table, t))))
+            _merge(s.anti, t.topology_key, _present(table, t.topology_key, self._count(table, t)))
         state.write(_FILTER_KEY, s)
         return Status.success()
 
     @staticmethod
     def _matching(table: NodeTable, term: AffinityTerm) -> set[str]:
         return table.matching_pods(term.namespaces, term.namespace_selector, term.selector)
+
+    @staticmethod
+    def _count(table: NodeTable, term: AffinityTerm) -> np.ndarray:
+        return table.count_matching(term.namespaces, term.namespace_selector, term.selector)
 
     def _checks(self, s: _FilterState, table: NodeTable, idx: Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(affinity ok, anti-affinity ok, existing anti-affinity ok): bool arrays over idx."""
@@ -144,8 +163,10 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
             for key, codes in s.affinity:
                 node_codes = table.topology_codes(key)[idx]
                 has_keys &= node_codes >= 0
-                pods_exist &= np.isin(node_codes, codes)
-            affinity = has_keys if (not s.affinity_any and s.self_match) else has_keys & pods_exist
+                if codes is not None:
+                    pods_exist &= np.isin(node_codes, codes)
+            keys_only = s.affinity[0][1] is None  # a nominated pod in a shard (module docstring)
+            affinity = has_keys if keys_only or (not s.affinity_any and s.self_match) else has_keys & pods_exist
         anti, existing = np.ones(n, bool), np.ones(n, bool)
         for rule, out in ((s.anti, anti), (s.existing, existing)):
             for key, codes in rule.items():
@@ -185,7 +206,7 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
 
         for sign, weighted in ((1, a.preferred_affinity), (-1, a.preferred_anti_affinity)):
             for weight, t in weighted:
-                add(t.topology_key, table.pods_per_slot(self._matching(table, t)), sign * weight)
+                add(t.topology_key, self._count(table, t), sign * weight)
         ns_labels = table.labels_of_namespace(pod.namespace)
         for (kind, weight, term), slots in table.term_slots.items():
             if kind == REQUIRED_AFFINITY:

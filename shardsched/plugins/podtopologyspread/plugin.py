@@ -26,9 +26,11 @@ ReplicationControllers selecting the pod; shardsched does not read those objects
 constraints of its own is not spread (as upstream when no such object selects it).
 
 With ``partial_view`` (a shard of the sharded runtime sees only its own nodes), the global minimum
-cannot be known, so a pod with a DoNotSchedule constraint is refused at PreFilter
-(UnschedulableAndUnresolvable, saying so); ScheduleAnyway constraints are scored over the shard's
-nodes.
+cannot be known: a pod with a DoNotSchedule constraint (`needs_cluster_view`) is placed on the node
+the coordinator nominated for it over the whole cluster (``PodInfo.nominated_node_name``) if the
+node has the constraints' keys (the skew is the coordinator's decision), and refused at PreFilter
+without one (UnschedulableAndUnresolvable, saying so); ScheduleAnyway
+constraints are scored over the shard's nodes.
 """
 
 from __future__ import annotations
@@ -54,13 +56,17 @@ ERR_REASON_NODE_LABEL_NOT_MATCH = ERR_REASON_CONSTRAINTS_NOT_MATCH + " (missing 
 _FILTER_KEY = NAME + "/preFilter"
 _SCORE_KEY = NAME + "/preScore"
 _DO_NOT_SCHEDULE, _SCHEDULE_ANYWAY = "DoNotSchedule", "ScheduleAnyway"
+#: the global minimum when no domain is eligible (upstream's math.MaxInt32): every skew is within
+_NO_MINIMUM = 2**31 - 1
 _TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 def partial_view_message() -> str:
-    """The PreFilter rejection of a pod with a DoNotSchedule constraint in a shard (module docstring)."""
+    """The PreFilter rejection of a pod with a DoNotSchedule constraint in a shard, without a
+    nominated node (module docstring)."""
     return ("pod has topology spread constraints with whenUnsatisfiable DoNotSchedule, which a shard of "
-            f"shardsched cannot check from its own nodes (plugin {NAME})")
+            "shardsched cannot check from its own nodes and no node was nominated for it over the whole "
+            f"cluster (plugin {NAME})")
 
 
 @dataclass(slots=True)
@@ -112,7 +118,7 @@ def _included(table: NodeTable, pod: PodInfo, constraints: tuple[SpreadConstrain
 
 def _matching_per_slot(table: NodeTable, pod: PodInfo, c: SpreadConstraint) -> np.ndarray:
     """int64 array of shape (n,): pods on each node that the constraint counts."""
-    return table.pods_per_slot(table.matching_pods((pod.namespace,), None, c.selector, skip_deleting=True))
+    return table.count_matching((pod.namespace,), None, c.selector, skip_deleting=True)
 
 
 def _per_domain(table: NodeTable, key: str, per_slot: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,18 +140,28 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
     def __init__(self, partial_view: bool = False) -> None:
         self.partial_view = partial_view
 
+    @staticmethod
+    def needs_cluster_view(pod: PodInfo) -> str | None:
+        """What of the pod a shard cannot check from its own nodes (module docstring), or None."""
+        return "topology spread constraints with whenUnsatisfiable DoNotSchedule" if pod.hard_topology_spread else None
+
     # ------------------------------------------------------------------ filter
     def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
         hard = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _DO_NOT_SCHEDULE)
         if not hard:
             return Status.skip()
         if self.partial_view:
-            return Status.unschedulable(partial_view_message(), plugin=NAME, resolvable=False)
+            if not pod.nominated_node_name:
+                return Status.unschedulable(partial_view_message(), plugin=NAME, resolvable=False)
+            # the skew was decided by the coordinator for the nominated node; what the node itself
+            # decides (it has the keys) is checked here
+            state.write(_FILTER_KEY, [_Rule(c, np.zeros(0, np.int64), _NO_MINIMUM, 0) for c in hard])
+            return Status.success()
         rules = []
         for c, included in zip(hard, _included(table, pod, hard)):
             counts, present = _per_domain(table, c.topology_key, _matching_per_slot(table, pod, c), included)
             domains = int(present.sum())
-            minimum = int(counts[present].min()) if domains else 2**31 - 1
+            minimum = int(counts[present].min()) if domains else _NO_MINIMUM
             if c.min_domains is not None and domains < c.min_domains:
                 minimum = 0
             self_match = int(c.selector is not None and c.selector.matches(pod.labels))
