@@ -57,10 +57,13 @@ def run(scenario: str, short: bool, redis_url: str | None, output: str) -> None:
         sys.exit(1)
     import ray
 
+    from shardsched.sharding.scaling import RAY_NAMESPACE
+
     # stdout carries the verdict only: the actors' logs stay in Ray's log files, and what Ray prints
     # on the driver (a worker killed on purpose, ...) goes to stderr
     with contextlib.redirect_stdout(sys.stderr):
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False,
+                 namespace=RAY_NAMESPACE)  # the run's detached actors live there (as `run`'s)
         try:
             verdict = ChaosRun(spec, redis_url=redis_url, short=short).run_verdict()
         except ShardschedError as e:

@@ -139,6 +139,19 @@ class AuditedSimCluster(SimClusterHost):
         with self._lock:
             return list(self._nodes)
 
+    def bound_per_label(self, key: str) -> dict[str, int]:
+        """Value of node label ``key`` -> our non-terminal pods bound on nodes with it (every value
+        of the nodes present, 0 included)."""
+        with self._lock:
+            out = {n["metadata"]["labels"][key]: 0 for n in self._nodes.values() if key in n["metadata"].get("labels", {})}
+            for p in self._pods.values():
+                node = self._nodes.get(p["spec"].get("nodeName") or "")
+                if (node is not None and p["spec"].get("schedulerName") == SCHEDULER_NAME
+                        and key in node["metadata"].get("labels", {})
+                        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
+                    out[node["metadata"]["labels"][key]] += 1
+            return out
+
     # ------------------------------------------------------------------ chaos controls
     def set_faults(self, faults: FaultConfig) -> None:
         with self._lock:

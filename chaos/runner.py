@@ -41,6 +41,10 @@ from shardsched.sharding.actors import MAX_CONCURRENCY
 from shardsched.sharding.runtime import EmbeddedRun, RunOptions, RunReport, Sample
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions
 from shardsched.sim import SCHEDULER_NAME, uniform_nodes, uniform_pods
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+#: the label of the workload's pods when they spread over the zones
+SPREAD_APP = "chaos-spread"
 from shardsched.store.ledger import Ledger
 from shardsched.store.server import EmbeddedRedis, connect
 
@@ -96,7 +100,14 @@ class ChaosRun(EmbeddedRun):
         self.scenario = s
         self.short = short
         nodes = uniform_nodes(s.cluster.nodes, cpu=s.cluster.cpu, memory=s.cluster.memory, pods=s.cluster.max_pods)
+        for i, node in enumerate(nodes if s.cluster.zones else ()):
+            node["metadata"]["labels"][ZONE_LABEL] = f"z{i % s.cluster.zones}"
         pods = uniform_pods(s.workload.pods, cpu=s.workload.cpu, memory=s.workload.memory, scheduler_name=SCHEDULER_NAME)
+        for pod in pods if s.workload.zone_spread_max_skew else ():
+            pod["metadata"]["labels"] = {"app": SPREAD_APP}
+            pod["spec"]["topologySpreadConstraints"] = [{
+                "maxSkew": s.workload.zone_spread_max_skew, "topologyKey": ZONE_LABEL,
+                "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": SPREAD_APP}}}]
         rate = s.workload.arrival_rate_per_s
         workload = [(i / rate if rate else 0.0, None, p) for i, p in enumerate(pods)]
         actions = {f.action for f in s.faults}
@@ -268,6 +279,7 @@ class ChaosRun(EmbeddedRun):
         self.unbound_keys = ray.get(self.cluster.unbound_keys.remote())
         self.ledger_check = self._check_ledger()
         self.audit = ray.get(self.cluster.audit.remote())
+        self.zone_counts = ray.get(self.cluster.bound_per_label.remote(ZONE_LABEL)) if self.scenario.cluster.zones else {}
 
     def _check_ledger(self) -> dict[str, Any]:
         """docs/design.md invariant 5: every node's usage in the ledger equals its bound pods' requests

@@ -36,6 +36,7 @@ INVARIANTS = {
     "no_lost_pods": "3. every pod ends bound, or pending with a reason (the run settles)",
     "shard_recovery": "4. a killed shard's pods are bound elsewhere within lease TTL + 5 s",
     "ledger_converges": "5. the Redis ledger equals the cluster's truth after the faults",
+    "spread_holds": "6. pods with a DoNotSchedule zone spread end within its maxSkew (when the workload has one)",
 }
 
 
@@ -51,12 +52,14 @@ class _Model(BaseModel):
 
 
 class ClusterSpec(_Model):
-    """Identical nodes (`shardsched.sim.uniform_nodes`)."""
+    """Identical nodes (`shardsched.sim.uniform_nodes`); with ``zones`` > 0 they are labelled
+    ``topology.kubernetes.io/zone: z0 .. z<zones-1>`` in turn."""
 
     nodes: int = Field(gt=0)
     cpu: str = "8"
     memory: str = "16Gi"
     max_pods: int = Field(110, gt=0)
+    zones: int = Field(0, ge=0)
 
 
 class WorkloadSpec(_Model):
@@ -68,6 +71,9 @@ class WorkloadSpec(_Model):
     cpu: str = "500m"
     memory: str = "512Mi"
     arrival_rate_per_s: float = Field(0.0, ge=0)
+    #: every pod gets a DoNotSchedule spread over the zones with this maxSkew (None: none); no
+    #: shard can check it alone, so the coordinator nominates each pod's node
+    zone_spread_max_skew: int | None = Field(None, ge=1)
 
 
 class ShardsSpec(_Model):
@@ -266,6 +272,8 @@ class Scenario(_Model):
         needs_proxy = {"redis-latency", "partition-redis"} & {f.action for f in self.faults}
         if needs_proxy and not self.redis.proxy:
             raise ValueError(f"{', '.join(sorted(needs_proxy))} needs redis.proxy: true")
+        if self.workload.zone_spread_max_skew is not None and self.cluster.zones < 1:
+            raise ValueError("workload.zone_spread_max_skew needs cluster.zones >= 1")
         return self
 
 

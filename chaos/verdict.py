@@ -224,6 +224,8 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
         "lease_held_elsewhere": leases.get("held_elsewhere", 0),
         "lease_lost_before_bind": leases.get("lost", 0),
         "replaced_shards": int(status.get("replaced_shards", 0)) + run.carried["replaced_shards"],
+        #: nodes the (last) coordinator nominated over the whole cluster (pods a shard cannot check alone)
+        "nominated": int(status.get("nominated", 0)),
         "coordinator_restarts": run.coordinator_restarts,
         "ledger_rebuilds": int(status.get("ledger_rebuilds", 0)),
         "admission_rejections": int(report.invariants.get("admission_rejections", 0)),
@@ -287,6 +289,15 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
                          f"{k['bound_within_s']} s (limit {limit:g}), {k['still_pending']} not bound")
     if "ledger_converges" in wanted and run.ledger_check.get("drift_nodes"):
         v.append(f"ledger_converges: {run.ledger_check['drift_nodes']} nodes differ from the cluster")
+    skew = s.workload.zone_spread_max_skew
+    if skew is not None:
+        counts = run.zone_counts
+        data["zone_spread"] = {"max_skew": skew, "bound_per_zone": counts,
+                               "skew": max(counts.values()) - min(counts.values()) if counts else 0}
+        # with pods still in flight the counts are not final (nominations count pods not yet bound)
+        data["zone_spread"]["checked"] = run.settled
+        if "spread_holds" in wanted and run.settled and data["zone_spread"]["skew"] > skew:
+            v.append(f"spread_holds: bound pods per zone {counts} differ by more than maxSkew {skew}")
     flat: dict[str, float] = {}
     _flatten("", data, flat)
     exercised = {}

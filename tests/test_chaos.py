@@ -55,8 +55,9 @@ def test_every_required_scenario_exists_and_loads_long_and_short():
     ({"binds": {"error_rate": 0.6, "timeout_rate": 0.6}}, "binds", "must be <= 1"),
     ({"invariants": ["no_overcommit", "no_free_lunch"]}, "invariants[1]", "must be one of"),
     ({"workload": {"pods": 1, "arrival_rate": 5}}, "workload.arrival_rate", "unknown field"),
+    ({"workload": {"pods": 1, "zone_spread_max_skew": 1}}, "(document)", "needs cluster.zones"),
 ], ids=["missing-arg", "unknown-arg", "unknown-action", "negative-time", "repeat-without-period",
-        "proxy-needed", "no-nodes", "rates-above-1", "unknown-invariant", "unknown-field"])
+        "proxy-needed", "no-nodes", "rates-above-1", "unknown-invariant", "unknown-field", "spread-without-zones"])
 def test_validation_errors_name_the_field(change, path, message):
     with pytest.raises(ScenarioError) as e:
         parse_scenario({**MINIMAL, **change})
@@ -92,7 +93,7 @@ def test_recovery_is_the_time_until_the_rate_stays_back(gap, expected):
 
 #: scenarios run a second time with each shard binding in the background (binding_cycles=2, as
 #: serve runs): kills mid-bind, 409/5xx storms, Redis restarted, a rival scheduler
-BACKGROUND_BINDING = ["shard-kill", "bind-errors", "redis-restart", "rival-scheduler"]
+BACKGROUND_BINDING = ["shard-kill", "bind-errors", "redis-restart", "rival-scheduler", "spread-shard-kill"]
 
 
 @pytest.mark.parametrize("name, binding_cycles", [(n, 0) for n in SCENARIOS] + [(n, 2) for n in BACKGROUND_BINDING],
@@ -111,6 +112,10 @@ def test_short_scenario_verdict(name, binding_cycles, redis_server, ray_session)
     for kill in data["shard_kills"]:
         assert kill["bound_within_s"] <= kill["limit_s"] == load_scenario(name, short=True).shards.lease_ttl_s + 5
     assert all(v["value"] >= v["min"] for v in data["exercised"].values())
+    spread = data.get("zone_spread")
+    if scenario.workload.zone_spread_max_skew is not None:
+        assert spread["checked"] and spread["skew"] <= spread["max_skew"], spread
+        assert sum(spread["bound_per_zone"].values()) == data["pods"]["bound"] == scenario.workload.pods
     assert ray_session.is_initialized()
 
 

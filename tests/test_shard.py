@@ -855,3 +855,36 @@ def test_a_stopping_shard_does_not_wait_for_a_binding_cycle_to_start_another(led
     assert_cluster_safe(cluster)
     assert_ledger_matches_cluster(ledger, cluster)
     assert_no_pod_lost(cluster, [shard], rebalancer)
+
+
+def test_an_epoch_that_arrives_out_of_order_is_read_back_after_fenced(ledger):
+    """Two map changes a moment apart: the shard's set_epoch calls run on several threads of its
+    actor and the older one lands last, so the shard is an epoch behind although the ledger names
+    it the owner. Its Reserve is FENCED once; it reads the epoch back from the ledger and the pods
+    bind on their next attempt (before, it stayed FENCED for good)."""
+    cluster = cluster_of(2, 4)
+    publish(ledger, cluster, A, epoch=EPOCH + 1)
+    rebalancer = RecordingRebalancer()
+    shard = new_shard(ledger, cluster, rebalancer, A, epoch=EPOCH + 1)
+    shard.set_epoch(EPOCH)  # the older call, last
+    shard.step()
+    assert {h.reason for _, h in rebalancer.items} == {FENCED} and shard.epoch == EPOCH + 1
+    shard.add_pods([h.qpi.pod_info for _, h in rebalancer.items])  # as the rebalancer sends them back
+    drive([shard], all_bound(cluster))
+    assert len(bound_keys(cluster)) == 4
+    assert_cluster_safe(cluster)
+
+
+def test_a_replaced_incarnation_stays_fenced_after_reading_the_epoch(ledger):
+    """Reading the epoch back does not let a stale owner in: the ledger names another member, so
+    the old incarnation is FENCED again at the current epoch and binds nothing."""
+    cluster = cluster_of(2, 4)
+    publish(ledger, cluster, B, epoch=EPOCH + 1)
+    rebalancer = RecordingRebalancer()
+    old = new_shard(ledger, cluster, rebalancer, A, epoch=EPOCH)
+    old.step()
+    assert old.epoch == EPOCH + 1
+    old.add_pods([h.qpi.pod_info for _, h in rebalancer.items])
+    old.step()
+    assert {h.reason for _, h in rebalancer.items} == {FENCED} and len(rebalancer.items) == 8
+    assert bound_keys(cluster) == set() and old.stats.bound == 0

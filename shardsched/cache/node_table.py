@@ -108,9 +108,11 @@ class NodeTable:
         #: for the labels a one-label selector asked for (`count_matching`)
         self._label_counts: dict[tuple[str, str, str], np.ndarray] = {}
         self._deleting: set[str] = set()  # counted pods with a deletionTimestamp
-        #: (kind, weight, term) -> {slot: number of counted pods there with that term}; kinds are
-        #: REQUIRED_AFFINITY, ... (weight 1 for required terms). kube's PodsWithAffinity, grouped.
-        self.term_slots: dict[tuple[str, int, AffinityTerm], dict[int, int]] = {}
+        #: (kind, weight, term) -> counted pods with that term per slot (int32, shape (capacity,));
+        #: kinds are REQUIRED_AFFINITY, ... (weight 1 for required terms). kube's PodsWithAffinity,
+        #: grouped by term: pods stamped from one template share one entry.
+        self.term_slots: dict[tuple[str, int, AffinityTerm], np.ndarray] = {}
+        self._term_pods: dict[tuple[str, int, AffinityTerm], int] = {}  # pods per entry of term_slots
         #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed
         self.affinity_generation = 0
         self.static_generation = 0
@@ -142,6 +144,8 @@ class NodeTable:
             self.label_codes[k] = grow1(col, -1)
         for k, counts in self._label_counts.items():
             self._label_counts[k] = grow1(counts)
+        for k, counts in self.term_slots.items():
+            self.term_slots[k] = grow1(counts)
         self.capacity = cap
 
     def resource_row(self, name: str) -> int:
@@ -337,14 +341,13 @@ class NodeTable:
         if u.affinity.empty:
             return
         for term in _weighted_terms(u.affinity):
-            slots = self.term_slots.setdefault(term, {})
-            left = slots.get(slot, 0) + delta
-            if left > 0:
-                slots[slot] = left
-            else:
-                slots.pop(slot, None)
-                if not slots:
-                    del self.term_slots[term]
+            counts = self.term_slots.get(term)
+            if counts is None:
+                counts = self.term_slots[term] = np.zeros(self.capacity, np.int32)
+            counts[slot] += delta
+            left = self._term_pods[term] = self._term_pods.get(term, 0) + delta
+            if left <= 0:
+                del self.term_slots[term], self._term_pods[term]
         self.affinity_generation += 1
 
     def add_pod(self, usage: PodUsage, node_name: str) -> bool:

@@ -204,6 +204,21 @@ class Shard:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _resync_epoch(self) -> None:
+        """After a FENCED answer: take the ledger's current epoch. The coordinator's ``set_epoch``
+        calls reach a shard actor on several threads, so two close map changes (two shards
+        replaced a second apart) can arrive in the wrong order and leave the shard an epoch
+        behind for good; reading the epoch back heals that. Fencing is kept: `reserve.lua` and
+        `permit.lua` still check each node's owner under that epoch, so a replaced incarnation
+        or a shard that lost the node stays FENCED. Redis away: left as it is."""
+        try:
+            epoch = self.ledger.epoch()
+        except TemporaryError:
+            return
+        if epoch != self.epoch:
+            log.info("shard %s: epoch %d -> %d (read back from the ledger after FENCED)", self.member, self.epoch, epoch)
+            self.epoch = epoch
+
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
         """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""
         moved = False
@@ -442,6 +457,7 @@ class Shard:
             self._pause([q for q, _, _ in placed], f"Redis unavailable while reserving: {e}")
             return popped
         to_bind: list[tuple[QueuedPodInfo, ScheduleResult, int]] = []
+        fenced = False
         for (q, r, tok), res in zip(placed, results):
             self.metrics.ledger_reserve.labels(res.code.name).inc()
             if res.ok:
@@ -461,9 +477,12 @@ class Shard:
                 self.queue.requeue_backoff(q)
             elif res.code == ReserveCode.FENCED:
                 handoffs.append(Handoff(q, FENCED, f"shard {self.member} no longer owns node {r.node}"))
+                fenced = True
             else:
                 q.last_failure_reason = f"node {r.node} unknown to the ledger"
                 self.queue.requeue_backoff(q)
+        if fenced:
+            self._resync_epoch()
 
         # The binding cycle: Permit, then bind, one call each for the batch; in the background
         # when binding_cycles > 0 (module docstring).
@@ -568,6 +587,7 @@ class Shard:
             self._pause([q for q, _, _ in to_bind], f"Redis unavailable before binding: {e}")
             return []
         out = []
+        fenced = False
         for q, r, tok in to_bind:
             code = codes[q.pod_info.uid]
             self.metrics.ledger_permit.labels(code.name).inc()
@@ -578,10 +598,13 @@ class Shard:
             self._rollback(q, r.node, tok, release=True)
             if code == ReserveCode.FENCED:
                 handoffs.append(Handoff(q, FENCED, f"shard {self.member} no longer owns node {r.node} (at Permit)"))
+                fenced = True
             else:
                 self.metrics.leases.labels("lost").inc()
                 q.last_failure_reason = "pod lease lost before binding"
                 self.queue.requeue_backoff(q)
+        if fenced:
+            self._resync_epoch()
         return out
 
     def _bind(self, to_bind, handoffs: list[Handoff], started: float) -> None:

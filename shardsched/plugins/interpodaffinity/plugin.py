@@ -66,17 +66,26 @@ def partial_view_message(what: str) -> str:
 
 
 def _present(table: NodeTable, key: str, per_slot: np.ndarray) -> np.ndarray:
-    """Codes of label ``key`` of the domains holding at least one of the pods counted in
-    ``per_slot`` (int64 array of shape (n,)); sorted int array."""
+    """The domains of label ``key`` holding at least one of the pods counted in ``per_slot`` (int
+    array of shape (n,)): bool array indexed by the label's value code."""
     codes = table.topology_codes(key)
-    return np.unique(codes[(per_slot > 0) & (codes >= 0)])
+    at = (per_slot > 0) & (codes >= 0)
+    return np.bincount(codes[at], minlength=len(table.label_vocab.get(key, ()))) > 0
+
+
+def _in(present: np.ndarray, node_codes: np.ndarray) -> np.ndarray:
+    """bool array shaped as ``node_codes``: the node's domain is one of ``present`` (no label: no)."""
+    out = np.zeros(len(node_codes), bool)
+    has = (node_codes >= 0) & (node_codes < len(present))
+    out[has] = present[node_codes[has]]
+    return out
 
 
 @dataclass(slots=True)
 class _FilterState:
     """What PreFilter found: domains (label key -> codes) per rule."""
 
-    #: (topology key, codes of the domains with matching pods; None: only the key is checked)
+    #: (topology key, domains with matching pods as `_present` gives them; None: only the key is checked)
     affinity: list[tuple[str, np.ndarray | None]] = field(default_factory=list)
     affinity_any: bool = False
     self_match: bool = False
@@ -84,9 +93,12 @@ class _FilterState:
     existing: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _merge(into: dict[str, np.ndarray], key: str, codes: np.ndarray) -> None:
-    if codes.size:
-        into[key] = np.union1d(into[key], codes) if key in into else codes
+def _merge(into: dict[str, np.ndarray], key: str, present: np.ndarray) -> None:
+    if present.any():
+        if key in into:
+            size = max(len(into[key]), len(present))
+            present = np.pad(into[key], (0, size - len(into[key]))) | np.pad(present, (0, size - len(present)))
+        into[key] = present
 
 
 class InterPodAffinity(FilterPlugin, ScorePlugin):
@@ -123,23 +135,24 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
         if a.required_affinity and not required_affinity:  # the node must still have the terms' keys
             s.affinity = [(t.topology_key, None) for t in a.required_affinity]
         ns_labels = table.labels_of_namespace(pod.namespace)
-        for (kind, _, term), slots in table.term_slots.items():
+        for (kind, _, term), per_slot in table.term_slots.items():
             if kind == REQUIRED_ANTI_AFFINITY and term.matches(pod.namespace, pod.labels, ns_labels):
-                codes = table.topology_codes(term.topology_key)
-                at = np.fromiter(slots, np.int64, len(slots))
-                _merge(s.existing, term.topology_key, np.unique(codes[at][codes[at] >= 0]))
+                _merge(s.existing, term.topology_key, _present(table, term.topology_key, per_slot[: table.n]))
         if not s.affinity and not required_affinity and not a.required_anti_affinity and not s.existing:
             return Status.skip()
         if required_affinity:
-            uids = None
-            for t in required_affinity:
-                found = self._matching(table, t)
-                uids = found if uids is None else uids & found
-            per_slot = table.pods_per_slot(uids or ())
+            if len(required_affinity) == 1:  # the usual case: the table's per-label counts
+                per_slot = self._count(table, required_affinity[0])
+            else:  # pods that match every term
+                uids = None
+                for t in required_affinity:
+                    found = self._matching(table, t)
+                    uids = found if uids is None else uids & found
+                per_slot = table.pods_per_slot(uids or ())
             for t in required_affinity:
                 codes = _present(table, t.topology_key, per_slot)
                 s.affinity.append((t.topology_key, codes))
-                s.affinity_any = s.affinity_any or bool(codes.size)
+                s.affinity_any = s.affinity_any or bool(codes.any())
             s.self_match = all(t.matches(pod.namespace, pod.labels, ns_labels) for t in required_affinity)
         for t in a.required_anti_affinity:
             _merge(s.anti, t.topology_key, _present(table, t.topology_key, self._count(table, t)))
@@ -164,13 +177,13 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
                 node_codes = table.topology_codes(key)[idx]
                 has_keys &= node_codes >= 0
                 if codes is not None:
-                    pods_exist &= np.isin(node_codes, codes)
+                    pods_exist &= _in(codes, node_codes)
             keys_only = s.affinity[0][1] is None  # a nominated pod in a shard (module docstring)
             affinity = has_keys if keys_only or (not s.affinity_any and s.self_match) else has_keys & pods_exist
         anti, existing = np.ones(n, bool), np.ones(n, bool)
         for rule, out in ((s.anti, anti), (s.existing, existing)):
             for key, codes in rule.items():
-                out &= ~np.isin(table.topology_codes(key)[idx], codes)
+                out &= ~_in(codes, table.topology_codes(key)[idx])
         return affinity, anti, existing
 
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
@@ -208,7 +221,7 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
             for weight, t in weighted:
                 add(t.topology_key, self._count(table, t), sign * weight)
         ns_labels = table.labels_of_namespace(pod.namespace)
-        for (kind, weight, term), slots in table.term_slots.items():
+        for (kind, weight, term), per_slot in table.term_slots.items():
             if kind == REQUIRED_AFFINITY:
                 weight *= self.hard_pod_affinity_weight
             elif kind == PREFERRED_ANTI_AFFINITY:
@@ -217,10 +230,7 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
                 continue
             if weight == 0 or not term.matches(pod.namespace, pod.labels, ns_labels):
                 continue
-            per_slot = np.zeros(table.n, np.int64)
-            at = np.fromiter(slots, np.int64, len(slots))
-            per_slot[at] = np.fromiter(slots.values(), np.int64, len(slots))
-            add(term.topology_key, per_slot, weight)
+            add(term.topology_key, per_slot[: table.n].astype(np.int64), weight)
         if not scores:
             return Status.skip()
         state.write(_SCORE_KEY, scores)
