@@ -24,8 +24,9 @@ follow upstream's ``scheduler_perf.go``:
   namespace objects; ops already run in order).
 
 What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
-and pods that need plugins shardsched does not implement (SchedulingGates, volumes,
-DynamicResources, DefaultPreemption when the workload depends on it). A workload that runs but has
+pods with scheduling gates (init pods are created bound here), and pods that need plugins
+shardsched does not implement (volumes, DynamicResources, DefaultPreemption when the workload
+depends on it). A workload that runs but has
 a part ignored is marked ``partial`` with a note (Services in churn, which upstream's default
 spreading constraints would read). Workloads that differ from another one only by kube-scheduler
 feature gates (same ops and params) are the same workload here and run once.
@@ -275,6 +276,9 @@ def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
     """(reasons to skip, reasons for partial) of a pod template."""
     spec = pod.get("spec") or {}
     skip, partial = [], []
+    if spec.get("schedulingGates"):
+        skip.append("gated pods: this runner creates init pods already bound and measured pods in one "
+                    "burst, so pods waiting on scheduling gates cannot be expressed")
     if spec.get("resourceClaims"):
         skip.append("resource claims need DynamicResources (not implemented)")
     for v in spec.get("volumes") or []:
