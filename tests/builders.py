@@ -14,8 +14,12 @@ import itertools
 from types import SimpleNamespace
 from typing import Any, Iterable
 
+import numpy as np
+
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.interface import FilterPlugin
 from shardsched.framework.runtime import Framework
 
 _uids = itertools.count()
@@ -254,3 +258,35 @@ def default_framework(percentage: int | None = None, partial_view: bool = False)
     else:
         profile = load_config(None).profiles[0]
     return Framework(profile, percentage, partial_view)
+
+
+def pod_info(p) -> PodInfo:
+    """A builder's PodInfo, or a PodInfo as it is."""
+    return p if isinstance(p, PodInfo) else p.info()
+
+
+def run_filter(plugin, p, table: NodeTable) -> tuple[set[str], dict[str, int]]:
+    """(names of the nodes that pass, failure reasons of the others) as the framework runs a Filter."""
+    info, state = pod_info(p), CycleState()
+    valid = table.valid_slots()
+    if plugin.pre_filter(state, info, table).is_skip():
+        return {table.names[s] for s in np.flatnonzero(valid)}, {}
+    mask = plugin.filter(state, info, table, slice(0, table.n))
+    failed = np.flatnonzero(valid & ~mask)
+    reasons = plugin.failure_reasons(state, info, table, failed) if len(failed) else {}
+    return {table.names[s] for s in np.flatnonzero(valid & mask)}, reasons
+
+
+def run_score(plugin, p, table: NodeTable) -> dict[str, int] | None:
+    """{node: score} over every node (normalized when the plugin normalizes); None when PreScore
+    says Skip (every node scores the same)."""
+    info, state = pod_info(p), CycleState()
+    if isinstance(plugin, FilterPlugin):
+        plugin.pre_filter(state, info, table)
+    if plugin.pre_score(state, info, table).is_skip():
+        return None
+    slots = np.flatnonzero(table.valid_slots())
+    raw = plugin.score(state, info, table, slots)
+    if plugin.normalizes:
+        raw = plugin.normalize(state, info, raw)
+    return {table.names[s]: int(v) for s, v in zip(slots, raw)}

@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders import default_framework, expr, node, pod, table_of, term
+from builders import default_framework, expr, node, pod, run_filter, run_score, table_of, term
 from shardsched.api.objects import PodInfo
 from shardsched.api.podaffinity import LabelSelector
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import load_config, parse_plugin_args
 from shardsched.errors import InvalidObjectError
-from shardsched.framework.cycle_state import CycleState
-from shardsched.framework.interface import FilterPlugin
 from shardsched.framework.status import Code
 from shardsched.plugins.registry import REGISTRY
 from shardsched.scheduler.algorithm import GenericScheduler
@@ -101,37 +99,6 @@ def zoned(name: str, zone: str | None, **labels: str):
     if labels:
         n.with_labels(labels)
     return n
-
-
-def _info(p) -> PodInfo:
-    return p if isinstance(p, PodInfo) else p.info()
-
-
-def run_filter(plugin, p, table: NodeTable) -> tuple[set[str], dict[str, int]]:
-    """(names of the nodes that pass, failure reasons of the others) as the framework runs a Filter."""
-    info, state = _info(p), CycleState()
-    valid = table.valid_slots()
-    st = plugin.pre_filter(state, info, table)
-    if st.is_skip():
-        return {table.names[s] for s in np.flatnonzero(valid)}, {}
-    assert st.is_success(), st
-    mask = plugin.filter(state, info, table, slice(0, table.n))
-    failed = np.flatnonzero(valid & ~mask)
-    reasons = plugin.failure_reasons(state, info, table, failed) if len(failed) else {}
-    return {table.names[s] for s in np.flatnonzero(valid & mask)}, reasons
-
-
-def run_score(plugin, p, table: NodeTable) -> dict[str, int] | None:
-    """{node: normalized score} over every node (all feasible); None when PreScore says Skip."""
-    info, state = _info(p), CycleState()
-    if isinstance(plugin, FilterPlugin):
-        plugin.pre_filter(state, info, table)
-    if plugin.pre_score(state, info, table).is_skip():
-        return None
-    slots = np.flatnonzero(table.valid_slots())
-    raw = plugin.score(state, info, table, slots)
-    raw = plugin.normalize(state, info, raw)
-    return {table.names[s]: int(v) for s, v in zip(slots, raw)}
 
 
 def on(p, node_name: str):

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import expr, node, pod, table_of, term
-from shardsched.api.objects import PodInfo
+from builders import expr, node, pod, run_filter, run_score, table_of, term
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import parse_plugin_args
 from shardsched.config.registry import GUARDED_PLUGIN_POINTS
@@ -28,37 +27,6 @@ MI = 2**20
 def make(name: str, args: dict | None = None):
     """A plugin built as a profile builds it: args validated, then the registry's factory."""
     return REGISTRY[name](None if args is None else parse_plugin_args(name, args))
-
-
-def _info(p) -> PodInfo:
-    return p if isinstance(p, PodInfo) else p.info()
-
-
-def run_filter(plugin, p, table: NodeTable) -> tuple[set[str], dict[str, int]]:
-    """(names of the nodes that pass, failure reasons of the others) as the framework runs a Filter."""
-    info, state = _info(p), CycleState()
-    valid = table.valid_slots()
-    if plugin.pre_filter(state, info, table).is_skip():
-        return {table.names[s] for s in np.flatnonzero(valid)}, {}
-    mask = plugin.filter(state, info, table, slice(0, table.n))
-    failed = np.flatnonzero(valid & ~mask)
-    reasons = plugin.failure_reasons(state, info, table, failed) if len(failed) else {}
-    return {table.names[s] for s in np.flatnonzero(valid & mask)}, reasons
-
-
-def run_score(plugin, p, table: NodeTable) -> dict[str, int] | None:
-    """{node: score} over every node (normalized when the plugin normalizes); None when PreScore
-    says Skip (every node scores the same)."""
-    info, state = _info(p), CycleState()
-    if isinstance(plugin, FilterPlugin):
-        plugin.pre_filter(state, info, table)
-    if plugin.pre_score(state, info, table).is_skip():
-        return None
-    slots = np.flatnonzero(table.valid_slots())
-    raw = plugin.score(state, info, table, slots)
-    if plugin.normalizes:
-        raw = plugin.normalize(state, info, raw)
-    return {table.names[s]: int(v) for s, v in zip(slots, raw)}
 
 
 # ------------------------------------------------------------------------- NodeUnschedulable

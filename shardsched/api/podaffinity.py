@@ -189,15 +189,21 @@ class PodAffinity:
 NO_POD_AFFINITY = PodAffinity()
 
 
-def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
-    if not isinstance(obj, Mapping):
-        raise InvalidObjectError("term must be an object", path)
+def _topology_key(obj: Mapping[str, Any], path: str) -> str:
+    """``obj.topologyKey``: required, a qualified name (the API server's rule)."""
     key = obj.get("topologyKey")
     if not isinstance(key, str) or not key:
         raise InvalidObjectError("can not be empty", f"{path}.topologyKey")
     problem = qualified_name_problem(key)
     if problem:
         raise InvalidObjectError(f"{key!r}: {problem}", f"{path}.topologyKey")
+    return key
+
+
+def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
+    if not isinstance(obj, Mapping):
+        raise InvalidObjectError("term must be an object", path)
+    key = _topology_key(obj, path)
     names = obj.get("namespaces") or []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InvalidObjectError("namespaces must be a list of names", f"{path}.namespaces")
@@ -301,12 +307,7 @@ def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[Spr
         skew = c.get("maxSkew")
         if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
             raise InvalidObjectError(f"maxSkew {skew!r} must be greater than zero", f"{path}.maxSkew")
-        key = c.get("topologyKey")
-        if not isinstance(key, str) or not key:
-            raise InvalidObjectError("can not be empty", f"{path}.topologyKey")
-        problem = qualified_name_problem(key)
-        if problem:
-            raise InvalidObjectError(f"{key!r}: {problem}", f"{path}.topologyKey")
+        key = _topology_key(c, path)
         if (key, when) in seen:
             raise InvalidObjectError(f"duplicate constraint for topologyKey {key!r} and whenUnsatisfiable {when}",
                                      path)
