@@ -759,12 +759,22 @@ def _c(**kw) -> dict:
             {"weight": 0, "podAffinityTerm": aterm(app="w")}]}}}, f"{PREF_AFF}[0].weight"),
         ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 101, "podAffinityTerm": aterm(app="w")}]}}}, f"{PREF_AFF}[0].weight"),
+        ({"topologySpreadConstraints": [_c(maxSkew=2**40)]}, f"{TSC}[0].maxSkew"),
+        ({"topologySpreadConstraints": [_c(minDomains=2**31)]}, f"{TSC}[0].minDomains"),
+        ({"topologySpreadConstraints": [_c(maxSkew=1.0)]}, f"{TSC}[0].maxSkew"),
+        ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            aterm(app="not valid!")]}}}, f"{REQ_ANTI}[0].labelSelector.matchLabels.app"),
+        ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            aterm(exprs=[expr("app", "In", "x" * 64)])]}}}, f"{REQ_ANTI}[0].labelSelector.matchExpressions[0].values[0]"),
+        ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            aterm(namespaces=["Bad_NS"], app="w")]}}}, f"{REQ_ANTI}[0].namespaces[0]"),
     ],
     ids=["max-skew-0", "empty-topology-key", "min-domains-schedule-anyway", "min-domains-0",
          "match-label-keys-without-selector", "match-label-keys-in-selector", "bad-affinity-policy",
          "bad-taints-policy", "spread-bad-operator", "duplicate-constraint", "term-empty-topology-key",
          "preferred-term-empty-topology-key", "term-bad-operator", "in-without-values", "exists-with-values",
-         "namespace-selector-bad-operator", "weight-0", "weight-101"],
+         "namespace-selector-bad-operator", "weight-0", "weight-101", "max-skew-above-int32",
+         "min-domains-above-int32", "max-skew-float", "bad-label-value", "value-too-long", "bad-namespace-name"],
 )
 def test_invalid_terms_and_constraints_are_refused_naming_the_field(spec, path):
     """The API server's validation (ValidatePodSpec: validateTopologySpreadConstraints,

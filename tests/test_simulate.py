@@ -214,6 +214,14 @@ INVALID = [
      "invalid Pod: metadata.generateName: names generated from it are invalid"),
     ("node-without-name", "\n    apiVersion: v1\n    kind: Node\n    metadata: {}\n    ---",
      "invalid Node: metadata.name: name or generateName is required"),
+    ("bad-label-value", raw_pod("{name: lab, labels: {app: 'not valid!'}}"),
+     "invalid Pod: metadata.labels.app: 'not valid!' is not a valid label value"),
+    ("bad-label-key", raw_pod("{name: key, labels: {'bad key': x}}"),
+     "invalid Pod: metadata.labels: key 'bad key': name part must be"),
+    ("namespace-name-not-a-label", "\n    apiVersion: v1\n    kind: Namespace\n    metadata: {name: a.b}\n    ---",
+     "invalid Namespace: metadata.name: 'a.b' is not a valid DNS-1123 label"),
+    ("namespace-bad-label", "\n    apiVersion: v1\n    kind: Namespace\n    metadata: {name: ok, labels: {team: 'x y'}}\n    ---",
+     "invalid Namespace: metadata.labels.team: 'x y' is not a valid label value"),
 ]
 
 
@@ -400,3 +408,24 @@ def test_constraints_are_kept_or_refused_never_breached(constrained_runs, profil
         assert got["node"] in ("a1", "b1")
     else:
         assert (got["node"], got["reason"]) == (None, reason)
+
+
+def test_a_document_nested_too_deeply_is_an_error_not_a_traceback(tmp_path):
+    """YAML nested deeper than the parser's stack: the file is reported and left out (exit 2), the
+    other files still run."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: deep}\nspec:\n  containers: [{name: c, image: x}]\n"
+                    "  affinity: " + "[" * 5000 + "]" * 5000 + "\n")
+    run = simulate(tmp_path, node("n1") + pod("p", cpu="100m"), "-f", str(deep), "-o", "json")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"{deep}: nested too deeply to be read" in run.stderr
+    assert [p["status"] for p in json.loads(run.stdout)["pods"]] == ["Scheduled"]
+
+
+def test_objects_that_default_spreading_reads_are_ignored_with_what_it_means(tmp_path):
+    """A Service (what kube-scheduler's default spread constraints take their selector from) is
+    ignored with a warning that says those constraints are not applied."""
+    service = "\n    apiVersion: v1\n    kind: Service\n    metadata: {name: web}\n    spec: {selector: {app: web}}\n    ---"
+    run = simulate(tmp_path, node("n1") + service + pod("p", cpu="100m"), "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert "ignoring object of kind 'Service'" in run.stderr and "default constraints" in run.stderr

@@ -23,12 +23,15 @@ import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.api.validation import generate_name, generate_name_problem, name_problem, pod_problems
+from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
+                                       pod_problems)
 from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
 SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace")
+#: the kinds whose selectors upstream's default spreading reads (helper.DefaultSelector)
+SPREAD_SELECTOR_KINDS = ("Service", "ReplicationController", "ReplicaSet", "StatefulSet")
 _DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1"}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
@@ -154,8 +157,9 @@ def _problems(kind: str, obj: dict) -> list[tuple[str, str]]:
     Pod; the name for the other kinds."""
     if kind == "Pod":
         return pod_problems(obj)
-    problem = name_problem(obj["metadata"]["name"])
-    return [("metadata.name", problem)] if problem else []
+    problem = name_problem(obj["metadata"]["name"], label=kind == "Namespace")  # a namespace's: a DNS label
+    return ([("metadata.name", problem)] if problem else []) + labels_problems(obj["metadata"].get("labels"),
+                                                                              "metadata.labels")
 
 
 def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
@@ -192,6 +196,9 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
         except json.JSONDecodeError as e:
             out.errors.append(ManifestError(f"{path}: line {e.lineno}", f"invalid JSON: {e.msg}", out.seq[str(path)]))
             continue
+        except RecursionError:  # nested deeper than the parser's stack (the API server refuses such bodies too)
+            out.error(str(path), "nested too deeply to be read")
+            continue
         if not docs:
             out.warnings.append(f"{path}: the file holds no objects")
         for where, obj in docs:
@@ -204,7 +211,10 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 continue
             kind = obj.get("kind")
             if kind not in SUPPORTED_KINDS:
-                out.warnings.append(f"{where}: ignoring object of kind {kind!r} (only {', '.join(SUPPORTED_KINDS)} are used)")
+                why = (f"; PodTopologySpread's default constraints, which kube-scheduler derives from a {kind} "
+                       "selecting the pods, are not applied" if kind in SPREAD_SELECTOR_KINDS else "")
+                out.warnings.append(f"{where}: ignoring object of kind {kind!r} (only {', '.join(SUPPORTED_KINDS)} "
+                                    f"are used){why}")
                 continue
             if not obj.get("apiVersion"):
                 obj = {**obj, "apiVersion": _DEFAULT_API_VERSION[kind]}

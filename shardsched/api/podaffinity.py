@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardsched.api.validation import qualified_name_problem
+from shardsched.api.validation import label_value_problem, name_problem, qualified_name_problem
 from shardsched.errors import InvalidObjectError
 
 #: the label every namespace carries (kube-apiserver sets it), used by ``namespaceSelector``
@@ -93,6 +93,7 @@ def parse_label_selector(obj: Any, path: str) -> LabelSelector | None:
         _check_key(key, f"{path}.matchLabels")
         if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float)):
             raise InvalidObjectError(f"value of {key!r} is not a string", f"{path}.matchLabels.{key}")
+        _check_value(str(value), f"{path}.matchLabels.{key}")
         pairs.append((key, str(value)))
     items = obj.get("matchExpressions") or []
     if not isinstance(items, list):
@@ -114,8 +115,25 @@ def parse_label_selector(obj: Any, path: str) -> LabelSelector | None:
             raise InvalidObjectError(f"{op} needs at least one value", f"{p}.values")
         if op in ("Exists", "DoesNotExist") and values:
             raise InvalidObjectError(f"{op} takes no values", f"{p}.values")
+        for j, v in enumerate(values):
+            _check_value(str(v), f"{p}.values[{j}]")
         exprs.append((key, op, tuple(sorted(str(v) for v in values))))
     return LabelSelector(tuple(sorted(pairs)), tuple(exprs))
+
+
+def _check_value(value: str, path: str) -> None:
+    problem = label_value_problem(value)
+    if problem:
+        raise InvalidObjectError(problem, path)
+
+
+def _int32(value: Any, field: str, path: str) -> int:
+    """``value`` as a positive int32 (maxSkew, minDomains), or InvalidObjectError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidObjectError(f"{field} {value!r} must be an integer greater than zero", path)
+    if not 1 <= value <= 2**31 - 1:
+        raise InvalidObjectError(f"{field} {value} must be greater than zero and fit in 32 bits", path)
+    return value
 
 
 def _check_key(key: Any, path: str) -> None:
@@ -207,6 +225,10 @@ def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
     names = obj.get("namespaces") or []
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InvalidObjectError("namespaces must be a list of names", f"{path}.namespaces")
+    for i, n in enumerate(names):
+        problem = name_problem(n, label=True)  # namespace names are DNS-1123 labels
+        if problem:
+            raise InvalidObjectError(problem, f"{path}.namespaces[{i}]")
     ns_selector = parse_label_selector(obj.get("namespaceSelector"), f"{path}.namespaceSelector")
     namespaces = frozenset(names) if names or ns_selector is not None else frozenset((namespace,))
     return AffinityTerm(parse_label_selector(obj.get("labelSelector"), f"{path}.labelSelector"),
@@ -304,9 +326,7 @@ def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[Spr
         if when not in WHEN_UNSATISFIABLE:
             raise InvalidObjectError(f"whenUnsatisfiable {when!r} is not one of {', '.join(WHEN_UNSATISFIABLE)}",
                                      f"{path}.whenUnsatisfiable")
-        skew = c.get("maxSkew")
-        if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
-            raise InvalidObjectError(f"maxSkew {skew!r} must be greater than zero", f"{path}.maxSkew")
+        skew = _int32(c.get("maxSkew"), "maxSkew", f"{path}.maxSkew")
         key = _topology_key(c, path)
         if (key, when) in seen:
             raise InvalidObjectError(f"duplicate constraint for topologyKey {key!r} and whenUnsatisfiable {when}",
@@ -314,8 +334,7 @@ def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[Spr
         seen.add((key, when))
         min_domains = c.get("minDomains")
         if min_domains is not None:
-            if isinstance(min_domains, bool) or not isinstance(min_domains, int) or min_domains < 1:
-                raise InvalidObjectError(f"minDomains {min_domains!r} must be greater than zero", f"{path}.minDomains")
+            _int32(min_domains, "minDomains", f"{path}.minDomains")
             if when != "DoNotSchedule":
                 raise InvalidObjectError("can only be set when whenUnsatisfiable is DoNotSchedule",
                                          f"{path}.minDomains")

@@ -83,6 +83,32 @@ def qualified_name_problem(value: str) -> str | None:
     return None
 
 
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid label value (empty, or at most 63 characters: alphanumerics,
+    '-', '_' or '.', starting and ending with an alphanumeric), or None; as IsValidLabelValue."""
+    if value and (len(value) > 63 or not _NAME_PART.fullmatch(value)):
+        return (f"{value!r} is not a valid label value (at most 63 characters: alphanumerics, '-', '_' or "
+                "'.', starting and ending with an alphanumeric; or empty)")
+    return None
+
+
+def labels_problems(labels: Any, path: str) -> Problems:
+    """What the API server refuses in a label map (``metadata.labels``, ``matchLabels``): keys
+    that are not qualified names, values that are not label values; [] for a valid map or a
+    malformed shape (left to the parsers, which name it)."""
+    if not isinstance(labels, Mapping):
+        return []
+    problems: Problems = []
+    for key, value in labels.items():
+        problem = qualified_name_problem(key) if isinstance(key, str) else None
+        if problem:
+            problems.append((path, f"key {key!r}: {problem}"))
+        problem = label_value_problem(value) if isinstance(value, str) else None
+        if problem:
+            problems.append((f"{path}.{key}", problem))
+    return problems
+
+
 def generate_name(prefix: str, rng: random.Random) -> str:
     """A name for an object created with ``metadata.generateName: prefix``, as the API server makes
     it: the prefix cut to 58 characters, then 5 characters of ``GENERATED_NAME_ALPHABET`` drawn
@@ -218,6 +244,7 @@ def pod_problems(pod: Mapping[str, Any]) -> Problems:
             problem = name_problem(value, label) if isinstance(value, str) and value else None
             if problem:
                 problems.append((f"metadata.{field}", problem))
+        problems += labels_problems(meta.get("labels"), "metadata.labels")
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return problems

@@ -29,11 +29,14 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
     Nodes and pods come from the files; pods with spec.nodeName are existing pods and use their
     node's resources. Unbound pods are placed one at a time in queue order (higher priority first,
     then input order), each seeing the placements before it. PriorityClass objects resolve
-    priorityClassName; other kinds are ignored with a warning. Each pod is Scheduled,
-    Unschedulable (with kube's "0/N nodes are available" message; this includes pods refused
-    because they need a plugin shardsched does not implement: required pod affinity or
-    anti-affinity, DoNotSchedule spread constraints, volumes to bind), Gated (spec.schedulingGates
-    set: not placed) or Skipped (being deleted, or terminal).
+    priorityClassName, Namespace objects give their labels to pod affinity's namespaceSelector;
+    other kinds are ignored with a warning. Every plugin of the profile runs over the whole
+    cluster, pod affinity, anti-affinity and topology spread included. Each pod gets one attempt
+    (kube-scheduler would retry an unschedulable pod when the cluster changes, e.g. once a pod it
+    is affine to binds) and is Scheduled, Unschedulable (with kube's "0/N nodes are available"
+    message; this includes pods refused because they need a plugin shardsched does not
+    implement: volumes to bind), Gated (spec.schedulingGates set: not placed) or Skipped (being
+    deleted, or terminal).
 
     \b
     Objects are taken as the API server would take them: an object with generateName and no
