@@ -543,3 +543,73 @@ def test_the_ledger_rebuild_does_not_count_nominated_pods(ledger):
     assert world.coordinator.table.requested_of(node).get("cpu") == 1000  # assumed for the next decision
     world.coordinator.rebuild_ledger()
     assert world.ledger.node_usage(node).used.get("cpu", 0) == 0
+
+
+# ------------------------------------------------------------------------ namespaces' labels
+HOST = "kubernetes.io/hostname"
+
+
+def guarded_world(ledger) -> World:
+    """Four nodes over two shards, each holding a ``guard`` pod (app=guard) of namespace ``team-a``
+    (labelled team=a), bound by someone else."""
+    world = World(ledger, n_nodes=4)
+    world.cluster.create_namespace({"metadata": {"name": "team-a", "labels": {"team": "a"}}})
+    names = sorted(n["metadata"]["name"] for n in world.cluster.list_nodes()[0])
+    guards = uniform_pods(len(names), cpu="100m", scheduler_name="default-scheduler", prefix="guard-")
+    for g, name in zip(guards, names):
+        g["metadata"].update(namespace="team-a", labels={"app": "guard"})
+        g["spec"]["nodeName"] = name
+    world.cluster.create_pods(guards)
+    world.settle()
+    return world
+
+
+def shy_pods(n: int) -> list[dict]:
+    """Pods required to keep off any node holding an app=guard pod of a namespace labelled team=a."""
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "guard"}}, "topologyKey": HOST,
+         "namespaceSelector": {"matchLabels": {"team": "a"}}}]}}
+    return constrained_pods(n, "shy", affinity=anti)
+
+
+def test_a_namespace_selector_sees_the_watched_namespaces_labels_in_every_shard(ledger):
+    """The shards decide hostname anti-affinity themselves, so each needs the namespaces' labels:
+    with team-a labelled team=a every node holds a selected guard and the pods stay unschedulable;
+    once team-a is relabelled, the watch's update reaches the shards, moves the pods out of the
+    unschedulable pods (no 5-minute wait) and they bind."""
+    world = guarded_world(ledger)
+    assert {len(s.table.index) for s in world.shards.values()} == {2}
+    assert all(s.table.labels_of_namespace("team-a")["team"] == "a" for s in world.shards.values())
+    world.cluster.create_pods(shy_pods(3))
+    world.settle(parked_ok=True)
+    assert not bound_per_node(world, "shy")
+    assert world.coordinator.status()["unschedulable"] == 3
+    world.cluster.update_namespace({"metadata": {"name": "team-a", "labels": {"team": "retired"}}})
+    world.settle(timeout_s=20)
+    assert sum(bound_per_node(world, "shy").values()) == 3
+    assert all(s.table.labels_of_namespace("team-a")["team"] == "retired" for s in world.shards.values())
+
+
+def test_a_new_shard_incarnation_and_a_relist_get_the_namespaces(ledger):
+    """A shard replaced after a crash, and every shard after a relist (410 Gone), start from the
+    coordinator's namespaces, so their first decisions already see team=a; a namespace deleted
+    while the watch was away is gone after the relist."""
+    world = guarded_world(ledger)
+    world.coordinator.replace_shard(0)
+    assert world.shards[0].table.labels_of_namespace("team-a")["team"] == "a"
+    world.cluster.create_pods(shy_pods(2))
+    world.settle(parked_ok=True)
+    assert not bound_per_node(world, "shy")
+    world.cluster.create_namespace({"metadata": {"name": "team-b", "labels": {"team": "b"}}})
+    world.cluster.delete_namespace("team-a")  # and its guards
+    world.coordinator.relist()  # before any poll: the relist alone must bring both changes
+    assert all(s.table.namespace_labels.keys() == {"team-b"} for s in world.shards.values())
+    assert world.coordinator.table.labels_of_namespace("team-b")["team"] == "b"
+    world.settle()
+    assert sum(bound_per_node(world, "shy").values()) == 2
+
+
+def bound_per_node(world: World, prefix: str) -> Counter:
+    """Bound pods named ``prefix*`` per node."""
+    return Counter(p["spec"]["nodeName"] for p in world.cluster.list_pods()[0]
+                   if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName"))

@@ -1070,3 +1070,46 @@ def test_count_matching_agrees_with_matching_pods_through_adds_removes_and_node_
                     got = table.count_matching(nss, None, sel, skip_deleting=skip)
                     want = table.pods_per_slot(table.matching_pods(nss, None, sel, skip_deleting=skip))
                     assert got.tolist() == want.tolist(), (step, sel, nss, skip)
+
+
+# ------------------------------------------------------------------------ namespaces' labels
+def test_set_namespaces_replaces_merges_removes_and_moves_the_generation_only_on_change():
+    table = NodeTable()
+    g0 = table.affinity_generation
+    assert table.set_namespaces({"team-a": TEAM_A}) and table.affinity_generation == g0 + 1
+    assert not table.set_namespaces({"team-a": dict(TEAM_A)})  # the same labels: nothing changed
+    assert table.affinity_generation == g0 + 1
+    assert table.set_namespaces({"team-b": {"team": "b", NS_NAME: "team-b"}})
+    assert set(table.namespace_labels) == {"team-a", "team-b"}
+    assert table.set_namespaces({}, removed=["team-a", "never-seen"])
+    assert set(table.namespace_labels) == {"team-b"}
+    assert table.labels_of_namespace("team-a") == {NS_NAME: "team-a"}  # no object: its name label only
+    assert not table.set_namespaces({}, removed=["never-seen"])
+    assert table.set_namespaces({"team-c": {NS_NAME: "team-c"}}, replace=True)
+    assert table.namespace_labels == {"team-c": {NS_NAME: "team-c"}}
+    assert not table.set_namespaces({"team-c": {NS_NAME: "team-c"}}, replace=True)
+
+
+def test_a_relabelled_namespace_changes_the_next_decision_of_a_cached_signature():
+    """The scheduler caches each signature's filter results; a namespace whose labels change must
+    drop them: the same pod (anti-affine to db pods of namespaces labelled team=a) is first kept off
+    a1, then, with team-a relabelled, may go there."""
+    table = zone_table(on(lp("db", "team-a", app="db"), "a1"))
+    table.set_namespaces({"team-a": TEAM_A})
+    sched = scheduler(table)
+    incoming = with_terms(lp("web", cpu="100m"), required=[aterm(app="db", ns_selector={"matchLabels": {"team": "a"}})])
+    first = sched.feasible_mask(incoming.info())[1]
+    assert {table.names[i] for i in np.flatnonzero(first)} == ALL4 - {"a1"}
+    table.set_namespaces({"team-a": {"team": "z", NS_NAME: "team-a"}})
+    again = sched.feasible_mask(incoming.info())[1]
+    assert {table.names[i] for i in np.flatnonzero(again)} == ALL4
+
+
+def test_namespace_labels_of_sets_the_name_label():
+    from shardsched.api.podaffinity import namespace_labels_of
+
+    assert namespace_labels_of({"metadata": {"name": "a", "labels": {"team": "x", NS_NAME: "wrong"}}}) == (
+        "a", {"team": "x", NS_NAME: "a"})
+    assert namespace_labels_of({"metadata": {"name": "b", "labels": None}}) == ("b", {NS_NAME: "b"})
+    with pytest.raises(InvalidObjectError, match="metadata.name"):
+        namespace_labels_of({"metadata": {"labels": {}}})

@@ -4,6 +4,7 @@ operations, fault injection, invariants, and use inside a Ray actor."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -152,6 +153,54 @@ def test_create_node_invalid_and_duplicate():
     bad["status"]["allocatable"]["cpu"] = "-1"
     with pytest.raises(Invalid, match="status.allocatable.cpu"):
         c.create_node(bad)
+
+
+# ------------------------------------------------------------------------------------- namespaces
+
+NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def test_namespaces_created_relabelled_and_deleted_with_their_pods():
+    """Create sets the API server's name label; update replaces the labels (uid kept); delete takes
+    the namespace's pods first; each write is one watch event of kind Namespace."""
+    c = cluster_with(nodes=[make_node("n1")])
+    ns = c.create_namespace({"metadata": {"name": "team-a", "labels": {"team": "a", NAME_LABEL: "spoofed"}}})
+    assert ns["metadata"]["labels"] == {"team": "a", NAME_LABEL: "team-a"}
+    assert ns["status"] == {"phase": "Active"} and ns["kind"] == "Namespace"
+    with pytest.raises(AlreadyExists):
+        c.create_namespace({"metadata": {"name": "team-a"}})
+    c.create_pods([{**make_pod("a1", node_name="n1"), "metadata": {"name": "a1", "namespace": "team-a"}},
+                   make_pod("other")])
+    relabelled = c.update_namespace({"metadata": {"name": "team-a", "labels": {"team": "b"}}})
+    assert relabelled["metadata"]["uid"] == ns["metadata"]["uid"]
+    assert relabelled["metadata"]["labels"] == {"team": "b", NAME_LABEL: "team-a"}
+    assert c.list_namespaces()[0] == [relabelled]
+    rv = int(relabelled["metadata"]["resourceVersion"])
+    c.delete_namespace("team-a")
+    assert [p["metadata"]["name"] for p in c.list_pods()[0]] == ["other"]
+    assert not any(c.requested("n1").values())
+    events, _ = c.events_since(rv)
+    assert [(e.type, e.kind) for e in events] == [(DELETED, "Pod"), (DELETED, "Namespace")]
+    assert c.list_namespaces()[0] == []
+    with pytest.raises(NotFound):
+        c.delete_namespace("team-a")
+    with pytest.raises(NotFound):
+        c.update_namespace({"metadata": {"name": "team-a"}})
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"metadata": {"name": "Team_A"}}, "metadata.name: 'Team_A' is not a valid DNS-1123 label"),
+    ({"metadata": {"name": "a.b"}}, "not a valid DNS-1123 label"),
+    ({"metadata": {"name": "a", "labels": {"team": 1}}}, "metadata.labels: must be a map of strings"),
+    ({"metadata": {"name": "a", "labels": {"team": "a b"}}}, "metadata.labels.team: 'a b' is not a valid label value"),
+    ({"metadata": {}}, "metadata.name: Required value"),
+    ("not an object", "expected a Kubernetes object"),
+], ids=["uppercase", "dot", "non-string", "bad-value", "no-name", "not-a-mapping"])
+def test_invalid_namespaces_are_refused_with_the_field(obj, message):
+    c = SimCluster()
+    with pytest.raises(Invalid, match=re.escape(message)):
+        c.create_namespace(obj)
+    assert c.list_namespaces()[0] == [] and c.events_since(0)[0] == []
 
 
 # ------------------------------------------------------------------------------------------- bind

@@ -22,7 +22,7 @@ import kubernetes_validate
 import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
-from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
+from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
                                        pod_problems)
 from shardsched.errors import InvalidObjectError
@@ -244,8 +244,7 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 if obj.get("globalDefault"):
                     out.default_priority = value
             elif kind == "Namespace":
-                labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-                out.namespace_labels[key] = {**labels, NAMESPACE_NAME_LABEL: key}
+                out.namespace_labels[key] = namespace_labels_of(obj)[1]
             elif kind == "Node":
                 out.nodes.append((where, obj))
             else:

@@ -27,6 +27,23 @@ from shardsched.errors import InvalidObjectError
 #: the label every namespace carries (kube-apiserver sets it), used by ``namespaceSelector``
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def namespace_labels_of(obj: Any) -> tuple[str, dict[str, str]]:
+    """A Namespace object's (name, labels), with ``kubernetes.io/metadata.name`` set to its name
+    as kube-apiserver sets it (v1.21+; an older server's namespaces get it here, so selectors
+    behave alike). Labels that are not a mapping count as none.
+
+    Raises: `InvalidObjectError` when ``obj`` has no ``metadata.name``.
+    """
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise InvalidObjectError("Namespace: metadata.name is required")
+    raw = meta.get("labels")
+    labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    labels[NAMESPACE_NAME_LABEL] = name
+    return name, labels
 NODE_INCLUSION_POLICIES = ("Honor", "Ignore")
 WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
 

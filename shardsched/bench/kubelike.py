@@ -113,7 +113,7 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
 
     def informer() -> None:
         nonlocal rv
-        events, rv = cluster.events_since(rv)
+        events, rv = cluster.events_since(rv, ("Node", "Pod"))
         for ev in events:
             obj = ev.object
             if ev.kind == "Node":

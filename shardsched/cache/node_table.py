@@ -114,7 +114,8 @@ class NodeTable:
         #: grouped by term: pods stamped from one template share one entry.
         self.term_slots: dict[tuple[str, int, AffinityTerm], np.ndarray] = {}
         self._term_pods: dict[tuple[str, int, AffinityTerm], int] = {}  # pods per entry of term_slots
-        #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed
+        #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed, or a
+        #: namespace's labels change (`set_namespaces`)
         self.affinity_generation = 0
         self.static_generation = 0
         self._all_have: dict[tuple[int, int], bool] = {}
@@ -396,6 +397,33 @@ class NodeTable:
         """Name of the node a pod is counted on, or None."""
         slot = self.pod_slot.get(uid)
         return None if slot is None else self.names[slot]
+
+    # ------------------------------------------------------------------ namespaces
+    def set_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str] = (),
+                       replace: bool = False) -> bool:
+        """Namespaces' labels (namespace name -> labels, as `namespace_labels_of` gives them) and
+        the namespaces deleted; ``replace``: ``labels`` is the whole set (a relist).
+
+        Returns True if any namespace's labels changed; then ``affinity_generation`` moves, since a
+        namespaceSelector may now select other namespaces (every cached affinity result is stale).
+        """
+        new = {name: dict(v) for name, v in labels.items()}
+        if replace:
+            changed = new != self.namespace_labels
+            if changed:
+                self.namespace_labels = new
+        else:
+            changed = False
+            for name, v in new.items():
+                if self.namespace_labels.get(name) != v:
+                    self.namespace_labels[name] = v
+                    changed = True
+            for name in removed:
+                if self.namespace_labels.pop(name, None) is not None:
+                    changed = True
+        if changed:
+            self.affinity_generation += 1
+        return changed
 
     # ------------------------------------------------------------------ pods by labels
     def labels_of_namespace(self, namespace: str) -> Mapping[str, str]:

@@ -2,10 +2,11 @@
 
 The coordinator consumes it through `Remote` exactly like the simulated cluster:
 
-- ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``: the informers' caches (camelCase
-  dicts, as the API server sent them) and a sequence number; ``events_since(rv, kinds, limit)``:
-  the changes after it, raising `shardsched.sim.errors.Gone` when the log no longer reaches back.
-  The informers (`shardsched.kube.informer`) list then watch nodes, the pods bound to any node, and
+- ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
+  rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
+  number; ``events_since(rv, kinds, limit)``: the changes after it, raising
+  `shardsched.sim.errors.Gone` when the log no longer reaches back. The informers
+  (`shardsched.kube.informer`) list then watch nodes, namespaces, the pods bound to any node, and
   our pending pods (server-side field selectors), with bookmarks, relisting on 410 and reconnecting
   with backoff; they start on the first list and that first list waits for the caches to sync.
 - ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 #: (verb, API group, resource) a running scheduler needs; deploy/rbac/02-clusterrole.yaml grants exactly
 #: these (core/v1 Events only matter on servers without events.k8s.io/v1)
 PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
+               ("list", "", "namespaces"), ("watch", "", "namespaces"),
                ("create", "", "pods/binding"), ("patch", "", "pods/status"),
                ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
                ("create", "", "events"), ("patch", "", "events")]
@@ -208,6 +210,11 @@ class KubeCluster:
         `start`."""
         self.start()
         return self.store.list_pods()
+
+    def list_namespaces(self) -> tuple[list[dict], int]:
+        """Every Namespace object, and the sequence number. Raises: see `start`."""
+        self.start()
+        return self.store.list_namespaces()
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:

@@ -49,12 +49,12 @@ import urllib3
 
 from shardsched.errors import PermanentError, TemporaryError
 from shardsched.kube.client import Api, Garbage, classify, iter_lines, loads_json
-from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, WatchEvent
+from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, WatchEvent
 from shardsched.sim.errors import Gone, Invalid, read_event_log
 
 log = logging.getLogger(__name__)
 
-NODES, BOUND, OURS = "nodes", "bound", "ours"
+NODES, BOUND, OURS, NAMESPACES = "nodes", "bound", "ours", "namespaces"
 BOUND_WATCH = "pods-bound"
 #: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
 _CHANGES = (ADDED, MODIFIED, DELETED)
@@ -63,7 +63,7 @@ _CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND or OURS) and an optional server-side
+    ``field_selector``, ``role`` (NODES, BOUND, OURS or NAMESPACES) and an optional server-side
     ``label_selector``."""
 
     name: str
@@ -81,12 +81,14 @@ class WatchSpec:
 
 
 def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
-    """The watches of a scheduler serving ``scheduler_names``: nodes, each name's pods, and the
-    other pods bound to nodes (see module docstring)."""
+    """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
+    for pod affinity's ``namespaceSelector``), each name's pods, and the other pods bound to nodes
+    (see module docstring)."""
     names = sorted(set(scheduler_names))
     live = "status.phase!=Succeeded,status.phase!=Failed"
     others = "".join(f",spec.schedulerName!={name}" for name in names)
     specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
+             WatchSpec(NAMESPACES, NAMESPACE, "/api/v1/namespaces", "", NAMESPACES),
              WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
     for name in names:
         specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
@@ -97,7 +99,7 @@ def _key(obj: dict, kind: str) -> str | None:
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         return None
-    if kind == NODE:
+    if kind != POD:
         return meta.get("name") or None
     return meta.get("uid") or (f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("name") else None)
 
@@ -200,6 +202,11 @@ class Store:
         with self._lock:
             pinned, self._pinned = self._pinned, None
             return pinned if pinned is not None else (self._pods(), self._seq)
+
+    def list_namespaces(self) -> tuple[list[dict], int]:
+        """All Namespace objects and the sequence number ([] without a namespace watch)."""
+        with self._lock:
+            return list(self._members.get(NAMESPACES, {}).values()), self._seq
 
     def pod(self, namespace: str, name: str) -> dict | None:
         """The latest state of a pod we watch, or None."""

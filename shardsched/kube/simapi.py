@@ -8,7 +8,9 @@ cluster (demos, ``serve --bench`` against it, and the tests' HTTP peer). Standar
 Served (JSON only):
 
 - ``GET /version``; ``GET /apis/events.k8s.io/v1`` (discovery; 404 with ``events_api=False``);
-- ``GET /api/v1/namespaces/{name}``: every namespace exists (the simulated cluster takes pods in any);
+- namespaces: list and watch, create (``POST``), replace (``PUT``: labels) and delete (with the pods in
+  it); ``GET /api/v1/namespaces/{name}`` of a namespace never created answers one that exists (the
+  simulated cluster takes pods in any namespace), with only its name label;
 - nodes and pods: list (``fieldSelector`` on ``spec.nodeName``, ``spec.schedulerName``,
   ``status.phase``, ``metadata.name``, ``metadata.namespace`` with ``=``, ``==``, ``!=``;
   ``labelSelector`` with equality and existence terms; ``limit`` and ``continue`` paging, except
@@ -51,11 +53,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
-from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NODE, POD, SimCluster
+from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
+from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, SimCluster
 from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
-_NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")
+_NAMESPACE = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 _BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
 _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
@@ -274,8 +277,8 @@ class SimApiServer:
         """Pull the sim's new events into the history with each object's previous state."""
         events, rv = self.sim.events_since(self._rv)
         for ev in events:
-            key = ev.object["metadata"]["name"] if ev.kind == NODE else \
-                f"{ev.object['metadata']['namespace']}/{ev.object['metadata']['name']}"
+            key = f"{ev.object['metadata']['namespace']}/{ev.object['metadata']['name']}" if ev.kind == POD else \
+                ev.object["metadata"]["name"]
             prev = self._objects.get((ev.kind, key))
             if ev.type == DELETED:
                 self._objects.pop((ev.kind, key), None)
@@ -345,7 +348,7 @@ class SimApiServer:
         """RBAC's view of a request: (verb, resource[/subresource])."""
         resource, named = path, False
         for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
-                         (_LEASES, "leases")):
+                         (_LEASES, "leases"), (_NAMESPACE, "namespaces")):
             m = rx.match(path)
             if m:
                 sub = m.groupdict().get("sub")
@@ -362,9 +365,21 @@ class SimApiServer:
         if path == "/metrics":
             return h.reply(200, None, raw=generate_latest(self.metrics), content_type=CONTENT_TYPE_LATEST)
         m = _NAMESPACE.match(path)
-        if m and h.command == "GET":
-            return h.reply(200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": m["name"]},
-                                 "status": {"phase": "Active"}})
+        if m and not m["name"]:
+            if h.command == "POST":
+                return h.reply(201, self.sim.create_namespace(h.body() or {}))
+            return self._list_or_watch(h, NAMESPACE, q)
+        if m:
+            if h.command == "PUT":
+                return h.reply(200, self.sim.update_namespace(h.body() or {}))
+            if h.command == "DELETE":
+                return h.reply(200, self.sim.delete_namespace(m["name"]))
+            if h.command == "GET":
+                stored = next((o for o in self.sim.list_namespaces()[0] if o["metadata"]["name"] == m["name"]), None)
+                return h.reply(200, stored or {"apiVersion": "v1", "kind": "Namespace",
+                                               "metadata": {"name": m["name"],
+                                                            "labels": {NAMESPACE_NAME_LABEL: m["name"]}},
+                                               "status": {"phase": "Active"}})
         if path == "/version":
             return h.reply(200, {"major": "1", "minor": "99", "gitVersion": "v1.99.0-shardsched-sim"})
         if path == "/apis/events.k8s.io/v1":

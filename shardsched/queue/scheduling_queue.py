@@ -56,6 +56,8 @@ UNSCHEDULABLE_TIMEOUT = "UnschedulableTimeout"
 NODE_ADD = "NodeAdd"
 NODE_UPDATE = "NodeUpdate"
 ASSIGNED_POD_DELETE = "AssignedPodDelete"
+#: a Namespace's labels changed (a namespaceSelector may select other pods now)
+NAMESPACE_UPDATE = "NamespaceUpdate"
 
 DEFAULT_POD_INITIAL_BACKOFF_S = 1.0
 DEFAULT_POD_MAX_BACKOFF_S = 10.0

@@ -67,6 +67,7 @@ class ShardHost:
         return self.shard.member
 
     def set_epoch(self, epoch): self.shard.set_epoch(epoch)
+    def apply_namespaces(self, labels, removed=(), replace=False): self.shard.apply_namespaces(labels, removed, replace)
     def apply_nodes(self, upserts, removals): self.shard.apply_nodes(upserts, removals)
     def apply_bound(self, adds, removes): self.shard.apply_bound(adds, removes)
     def add_pods(self, pods): self.shard.add_pods(pods)

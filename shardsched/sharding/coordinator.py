@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.quantity import CPU, MEMORY
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
@@ -100,6 +101,21 @@ class Tracked:
     unschedulable: bool = False
     gave_up: bool = False
     message: str = ""
+
+
+
+def _namespace_labels(objs: Iterable[dict]) -> dict[str, dict[str, str]]:
+    """Namespace name -> labels (`namespace_labels_of`) of listed Namespace objects; one without a
+    name is logged and left out."""
+    out = {}
+    for obj in objs:
+        try:
+            name, labels = namespace_labels_of(obj)
+        except InvalidObjectError as e:
+            log.error("namespace ignored: %s", e)
+            continue
+        out[name] = labels
+    return out
 
 
 def _slim(pod: PodInfo) -> PodInfo:
@@ -330,11 +346,14 @@ class Coordinator:
             except InvalidObjectError as e:
                 log.error("node %s ignored: %s", (obj.get("metadata") or {}).get("name"), e)
         self.table.add_nodes(infos)
+        namespaces, _ = self.cluster.ask("list_namespaces")
+        self.table.set_namespaces(_namespace_labels(namespaces), replace=True)
         self._ledger_instance = self.ledger.instance_id()  # the Redis the map is written to
         gone = self._repartition(infos)
         for s in self.shards:
             mine = [n.obj for n in infos if self.owners.get(n.name) == s.index]
             s.remote.call("set_epoch", self.epoch)
+            s.remote.call("apply_namespaces", self.table.namespace_labels, [], True)
             s.remote.call("apply_nodes", mine, gone.get(s.index, []))
         self._handle_pods([("ADDED", obj) for obj in pods])
         self.rv = rv
@@ -442,6 +461,9 @@ class Coordinator:
             return False
         node_events = [(e.type, e.object) for e in events if e.kind == "Node"]
         pod_events = [(e.type, e.object) for e in events if e.kind == "Pod"]
+        namespace_events = [(e.type, e.object) for e in events if e.kind == "Namespace"]
+        if namespace_events:
+            self._handle_namespaces(namespace_events)
         if node_events:
             self._handle_nodes(node_events)
         if pod_events:
@@ -450,6 +472,29 @@ class Coordinator:
         return True
 
     # ------------------------------------------------------------------ watch handling
+    def _handle_namespaces(self, events: list[tuple[str, dict]]) -> None:
+        """Namespaces created, relabelled or deleted: their labels decide which namespaces a pod
+        affinity term's ``namespaceSelector`` selects, here and in every shard (`Shard.apply_namespaces`)."""
+        upserts: dict[str, dict[str, str]] = {}
+        removed: list[str] = []
+        for typ, obj in events:
+            try:
+                name, labels = namespace_labels_of(obj)
+            except InvalidObjectError as e:
+                log.error("namespace ignored: %s", e)
+                continue
+            if typ == "DELETED":
+                upserts.pop(name, None)
+                removed.append(name)
+            else:
+                upserts[name] = labels
+                if name in removed:
+                    removed.remove(name)
+        if not self.table.set_namespaces(upserts, removed):
+            return
+        for s in self.shards:
+            s.remote.call("apply_namespaces", upserts, removed, False)
+
     def _handle_nodes(self, events: list[tuple[str, dict]]) -> None:
         # Only a node's last event of the poll counts: a node deleted and created again under the
         # same name is an update (its shard and the ledger keep it), and one created and deleted
@@ -966,6 +1011,7 @@ class Coordinator:
         for s in self.shards:
             s.remote.call("set_epoch", self.epoch)
         nodes = [self.table.nodes[self.table.index[n]].obj for n in mine if n in self.table.index]
+        remote.call("apply_namespaces", self.table.namespace_labels, [], True)
         remote.call("apply_nodes", nodes, [])
         bound = [(u, n) for n in mine if n in self.table.index for u in self._bound_usages(self.table.index[n])]
         remote.call("apply_bound", bound, [])
@@ -1084,6 +1130,8 @@ class Coordinator:
         self._owner_slots()
         for s in self.shards:
             self._tell(s, "set_epoch", epoch)
+        for s in added:
+            self._tell(s, "apply_namespaces", self.table.namespace_labels, [], True)
         for index, names in gained.items():
             slots = [self.table.index[name] for name in names if name in self.table.index]
             self._tell(self.shards[index], "apply_nodes", [self.table.nodes[slot].obj for slot in slots], [])

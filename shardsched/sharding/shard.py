@@ -43,7 +43,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import TemporaryError, ThrottledLog
 from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, ShardMetrics
-from shardsched.queue import NODE_ADD, NODE_UPDATE, ASSIGNED_POD_DELETE, QueuedPodInfo, SchedulingQueue
+from shardsched.queue import ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, QueuedPodInfo, SchedulingQueue
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
 from shardsched.scheduler.whatif import build_schedulers
 from shardsched.sharding.protocols import (BIND_CONFLICT, BIND_FAILED, FENCED, INSUFFICIENT, UNSCHEDULABLE_HERE,
@@ -218,6 +218,16 @@ class Shard:
         if epoch != self.epoch:
             log.info("shard %s: epoch %d -> %d (read back from the ledger after FENCED)", self.member, self.epoch, epoch)
             self.epoch = epoch
+
+    def apply_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str] = (),
+                         replace: bool = False) -> None:
+        """Namespaces' labels (name -> labels) and namespaces deleted, or with ``replace`` the whole
+        set (`NodeTable.set_namespaces`): what pod affinity's ``namespaceSelector`` selects. A
+        change moves the unschedulable pods back to the queues (a term may select other pods now)."""
+        with self._lock:
+            changed = self.table.set_namespaces(labels, removed, replace)
+        if changed:
+            self.queue.move_all_to_active_or_backoff(NAMESPACE_UPDATE)
 
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
         """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""

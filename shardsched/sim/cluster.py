@@ -49,13 +49,14 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
-from shardsched.api.validation import pod_problems, validate_name
+from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
 from shardsched.sim.errors import (AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout,
                                    read_event_log)
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
-NODE, POD = "Node", "Pod"
+NODE, POD, NAMESPACE = "Node", "Pod", "Namespace"
 
 #: PriorityClasses every cluster has (``scheduling.k8s.io``'s built-in system classes).
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
@@ -261,6 +262,9 @@ class SimCluster:
         self._compacted_rv = 0  # rv of the newest event dropped from the history
         self._rv = 0
         self._nodes: dict[str, dict] = {}
+        #: Namespace objects created; a pod may be created in any namespace without one (module
+        #: docstring), which then has only its name label
+        self._namespaces: dict[str, dict] = {}
         self._allocatable: dict[str, dict[str, int]] = {}
         self._pods: dict[str, dict] = {}  # "namespace/name" -> pod
         self._requests: dict[str, dict[str, int]] = {}  # pod key -> requests, admission order
@@ -283,6 +287,11 @@ class SimCluster:
         """All pods and the resourceVersion to watch from."""
         with self._lock:
             return list(self._pods.values()), self._rv
+
+    def list_namespaces(self) -> tuple[list[dict], int]:
+        """All Namespace objects and the resourceVersion to watch from."""
+        with self._lock:
+            return list(self._namespaces.values()), self._rv
 
     def get_node(self, name: str) -> dict:
         """The node named ``name``. Raises: NotFound."""
@@ -419,6 +428,73 @@ class SimCluster:
         """
         with self._lock:
             return self._delete_pod(f"{namespace}/{name}")
+
+    def create_namespace(self, obj: Any) -> dict:
+        """Create a Namespace: its name must be a DNS-1123 label and its labels valid; the API
+        server's ``kubernetes.io/metadata.name`` label is set to its name (v1.21+).
+
+        Raises: Invalid (message names the field), AlreadyExists.
+        """
+        name, ns = self._prepare_namespace(obj)
+        with self._lock:
+            if name in self._namespaces:
+                raise AlreadyExists(f'namespaces "{name}" already exists')
+            ns["metadata"]["uid"] = self._new_uid()
+            ns["metadata"]["creationTimestamp"] = _now()
+            self._namespaces[name] = self._commit(ADDED, NAMESPACE, ns)
+            return self._namespaces[name]
+
+    def update_namespace(self, obj: Any) -> dict:
+        """Replace a Namespace's labels and annotations (uid and creationTimestamp are kept; the name
+        label is set again). Raises: NotFound, Invalid."""
+        name, ns = self._prepare_namespace(obj)
+        with self._lock:
+            old = self._namespaces.get(name)
+            if old is None:
+                raise NotFound(f'namespaces "{name}" not found')
+            for k in ("uid", "creationTimestamp"):
+                ns["metadata"][k] = old["metadata"][k]
+            self._namespaces[name] = self._commit(MODIFIED, NAMESPACE, ns)
+            return self._namespaces[name]
+
+    def delete_namespace(self, name: str) -> dict:
+        """Delete a Namespace and every pod in it, pods first (what the namespace controller does
+        before the object goes; here at once, without the ``Terminating`` phase).
+
+        Returns: the namespace's last state. Raises: NotFound.
+        """
+        with self._lock:
+            if name not in self._namespaces:
+                raise NotFound(f'namespaces "{name}" not found')
+            for key in sorted(k for k in self._pods if k.split("/", 1)[0] == name):
+                self._delete_pod(key)
+            old = self._namespaces.pop(name)
+            return self._commit(DELETED, NAMESPACE, {**old, "metadata": {**old["metadata"]}})
+
+    def _prepare_namespace(self, obj: Any) -> tuple[str, dict]:
+        """Copy and validate a Namespace outside the lock: (name, namespace)."""
+        try:
+            ns = _copy_tree(as_dict(obj))
+        except InvalidObjectError as e:
+            raise Invalid(str(e)) from None
+        meta = ns.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            raise Invalid("Namespace: metadata.name: Required value")
+        name = meta["name"]
+        problems = ([("metadata.name", p)] if (p := name_problem(name, label=True)) else [])
+        labels = meta.get("labels")
+        if labels is not None and not (isinstance(labels, dict)
+                                       and all(isinstance(x, str) for kv in labels.items() for x in kv)):
+            problems.append(("metadata.labels", "must be a map of strings to strings"))
+        problems += labels_problems(labels, "metadata.labels")
+        if problems:
+            raise Invalid(f"Namespace {name}: " + "; ".join(f"{path}: {what}" for path, what in problems))
+        meta["labels"] = namespace_labels_of(ns)[1]
+        ns["metadata"] = {k: v for k, v in meta.items() if k not in ("resourceVersion", "uid", "creationTimestamp")}
+        ns.setdefault("apiVersion", "v1")
+        ns["kind"] = NAMESPACE
+        ns["status"] = {"phase": "Active"}
+        return name, ns
 
     def create_node(self, obj: Any) -> dict:
         """Create one node; see `create_nodes`."""
