@@ -464,6 +464,30 @@ def test_serve_bench_null_run_binds_the_backlog_with_the_baselines_client(api_se
     assert alone.returncode == 2 and "--bench-null is a kind of bench run: give --bench N too" in alone.stderr
 
 
+def test_serve_bench_null_run_with_a_schedulers_watches(api_server, kubeconfig):
+    """``--bench-null-watch``: the null window also holds the informers a scheduler of the bench's
+    pods runs (their watch of the bench's schedulerName opened before the window), and they are
+    closed before the second baseline; without ``--bench-null`` the flag is refused."""
+    base = [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode", "threads",
+            "--redis-url", "redis://127.0.0.1:1/0", "--no-leader-elect", "--kube-api-qps", "0", "--bench", "60",
+            "--bench-nodes", "2"]
+    seen = len(api_server.queries)
+    proc = subprocess.run(base + ["--bench-null", "--bench-null-watch", "-o", "json"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["null"] is True and report["null_watch"] is True and report["errors"] == []
+    assert report["pods"] == report["bound"] == 60
+    assert "(with a scheduler's watches)" in proc.stderr
+    ours = [q for m, path, q in api_server.queries[seen:] if m == "GET" and path == "/api/v1/pods"
+            and q.get("watch") == "true" and q.get("fieldSelector", "").startswith("spec.schedulerName=shardsched-bench-")]
+    assert ours, "the null window held no watch of the bench's scheduler name"
+    plain = subprocess.run(base + ["--bench-null", "-o", "json"], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and json.loads(plain.stdout)["null_watch"] is False
+    alone = subprocess.run(base + ["--bench-null-watch"], capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 2 and "--bench-null-watch is a kind of null run: give --bench-null too" in alone.stderr
+
+
 @pytest.mark.parametrize("qps", ["0", "200"])
 def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, redis_server, qps):
     """The table output (serve's default) gives the API server's CPU in both phases; below the

@@ -152,6 +152,9 @@ class BenchReport:
     #: a null run (``serve --bench-null``): the baseline's client bound the backlog in shardsched's
     #: window, no scheduler ran; ``ratio`` is then the cluster's own scatter between phases
     null: bool = False
+    #: a null run whose window also held a scheduler's watches (``serve --bench-null-watch``): the
+    #: informers shardsched runs for the bench's scheduler name, listed before the window
+    null_watch: bool = False
     errors: list[str] = field(default_factory=list)
 
     def set_ratios(self) -> None:
@@ -706,16 +709,32 @@ class Bench:
         self._prepared = server_sample(self.api)
         return report
 
-    def start_null(self, report: BenchReport) -> float:
+    def start_null(self, report: BenchReport, watch: bool = False) -> float:
         """The null run's window (``serve --bench-null``), called instead of starting shardsched: the
         baseline's client (`api_baseline`'s binder, its connections opened first) binds the backlog
         in a background thread, round-robin over the nodes, while `measure` times the binds on the
         observer's watch as it times shardsched's. Everything else (pods, watches, the collection
         before the window, both baselines) is as in a real run, so the ratio that comes out is
         what this cluster's own rate scatters between phases: the noise floor of ``ratio``.
+
+        ``watch`` (``--bench-null-watch``): the window also holds the watches a scheduler of the
+        bench's pods holds (a `KubeCluster`'s informers for the bench's scheduler name, as
+        shardsched's coordinator runs them, listed before the window starts), so the ratio also
+        carries what those watches cost the server per bind: the floor a scheduler's ratio can
+        reach on this cluster, where the plain null run's is a bare client's.
+
         Returns the window's start (Unix s, the ``started_at`` of `measure`); call `end_null`
-        after `measure`."""
+        after `measure`.
+
+        Raises: what `KubeCluster.start` raises when ``watch`` and the informers cannot list.
+        """
         report.null = True
+        report.null_watch = watch
+        self._null_watch = None
+        if watch:
+            self._null_watch = KubeCluster(dataclasses.replace(self.spec, qps=0), [self.scheduler_name],
+                                           emit_scheduled=False)
+            self._null_watch.start()
         binder, items = self._baseline_client(self._backlog, self._nodes)
         self._null_binder = binder
         self._null_results: list = []
@@ -742,6 +761,9 @@ class Bench:
         binder.stop()  # otherwise (stopped, timed out) the binds not answered yet are cancelled
         self._null_thread.join(10)
         self._null_binder = None
+        if self._null_watch is not None:
+            self._null_watch.stop()
+            self._null_watch = None
         bad = [r for r in self._null_results if r.code != 201]
         if self._null_error and not report.interrupted:  # a stop's cancellation is said by ``interrupted``
             report.errors.append(f"null run: the binds stopped: {self._null_error}")
