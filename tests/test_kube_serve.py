@@ -614,6 +614,51 @@ def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_serve
     assert len(api_server.sim.list_nodes()[0]) == nodes_before, "the bench's nodes are deleted"
 
 
+def test_a_bench_stopped_after_its_window_says_so_and_what_it_compares(kubeconfig):
+    """A stop after the window, while the Events are still written or before the second baseline
+    begins, marks the run interrupted with what that leaves out (it used to read as complete: no
+    second baseline and no word of it, or a 60-s Events timeout that never elapsed)."""
+    from shardsched.kube.bench import Bench, BenchReport
+
+    stop = threading.Event()
+    bench = Bench(ClientSpec(kubeconfig=kubeconfig, qps=0), "shardsched-bench-x", stop=stop)
+    report = BenchReport(pods=10, bound=10, wall_s=1.0, pods_per_s=10.0)
+    report.api_baselines = [{"phase": "before", "binds": 10, "wall_s": 0.5, "binds_per_s": 20.0}]
+    report.api_binds, report.api_bind_wall_s, report.api_binds_per_s = 10, 0.5, 20.0
+    stop.set()
+    bench.wait_events(report, lambda: 3, timeout_s=60)
+    assert report.interrupted and report.events_lag_s is None
+    assert report.errors == ["interrupted (SIGINT/SIGTERM) while the Scheduled Events were written (3 of 10): "
+                             "the rate with Events is not measured"]
+    bench._nodes = ["n0"]
+    report = bench.finish(report)
+    assert [b["phase"] for b in report.api_baselines] == ["before"]
+    assert report.errors[-1] == ("interrupted (SIGINT/SIGTERM) before the second baseline: the window is compared "
+                                 "with the first alone")
+    assert report.ratio == pytest.approx(0.5)
+
+
+def test_report_ratios_are_rounded_down_in_the_json():
+    """``ratio >= 0.9`` on the JSON must not pass a 0.8996 (the table rounds down too)."""
+    from shardsched.kube.bench import BenchReport
+
+    report = BenchReport(ratio=0.8996, ratio_with_events=0.95, pods_per_s=812.34567)
+    data = report.to_json()
+    assert data["ratio"] == 0.899 and data["ratio_with_events"] == 0.95 and data["pods_per_s"] == 812.346
+
+
+def test_bench_options_without_bench_are_refused(kubeconfig):
+    """--bench-nodes, --bench-namespace and --bench-timeout alone would start a real scheduler with
+    the given (often admin) credentials: refused, exit 2, before anything starts."""
+    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
+                           "--mode", "threads", "--no-leader-elect", "--bench-nodes", "5", "--bench-namespace", "x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert ("error: --bench-nodes, --bench-namespace only apply to a bench run: give --bench N too "
+            "(without it serve schedules the cluster's pods)") in proc.stderr
+    assert "scheduling pods of" not in proc.stderr
+
+
 def test_serve_bench_on_a_cluster_without_nodes_stops_before_scheduling(redis_server, tmp_path):
     """Nothing to measure: a clear error, exit 1, no scheduler started, nothing left behind."""
     with SimApiServer(SimCluster(), token="tok-" + uuid.uuid4().hex) as srv:

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from shardsched.cli import autoscale_options, autoscaler_from, redis_url_option
 from shardsched.errors import ConfigError, PermanentError, ShardschedError, TemporaryError
@@ -226,10 +227,10 @@ def serve(**kw) -> None:
 
     \b
     Runs next to the default scheduler: pods opt in with spec.schedulerName (the profile file's
-    names; "shardsched" without a file). Watches nodes and pods, binds through pods/binding,
-    writes the Scheduled and FailedScheduling Events and the PodScheduled=False condition, like
-    kube-scheduler. With leader election (the default) any number of serve processes run and one
-    is active. See docs/kubernetes.md.
+    names; "shardsched" without a file). Watches nodes, namespaces and pods, binds through
+    pods/binding, writes the Scheduled and FailedScheduling Events and the PodScheduled=False
+    condition, like kube-scheduler. With leader election (the default) any number of serve
+    processes run and one is active. See docs/kubernetes.md.
 
     \b
     Exit status: 0 after SIGTERM/SIGINT; 1 when Redis or Ray cannot start; 2 for a bad profile file or
@@ -255,6 +256,13 @@ def serve(**kw) -> None:
         sys.exit(EXIT_CONFIG)
     if kw["bench_null_watch"] and not kw["bench_null"]:
         click.echo("error: --bench-null-watch is a kind of null run: give --bench-null too", err=True)
+        sys.exit(EXIT_CONFIG)
+    ctx = click.get_current_context()
+    stray = [f"--{name.replace('_', '-')}" for name in ("bench_nodes", "bench_namespace", "bench_timeout")
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+    if stray and not kw["bench_pods"]:
+        click.echo(f"error: {', '.join(stray)} only apply to a bench run: give --bench N too (without it serve "
+                   "schedules the cluster's pods)", err=True)
         sys.exit(EXIT_CONFIG)
     gctune.tune()  # in threads mode this process holds the whole scheduler (shardsched.gctune)
     cc, le = config.client_connection, config.leader_election
@@ -489,7 +497,8 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
                 click.echo(f"shardsched with its Scheduled Events: the last written {data['events_lag_s']:.2f} s after the "
                            f"last bind = {data['with_events_pods_per_s']:.1f} pods/s")
         phases = ", ".join(f"{b['phase']} {b['binds_per_s']:.1f}" for b in data["api_baselines"])
-        click.echo(f"API server: {data['api_binds']} binds from one client ({len(data['api_baselines'])} baselines of "
+        count = len(data["api_baselines"])
+        click.echo(f"API server: {data['api_binds']} binds from one client ({count} baseline{'s' if count != 1 else ''} of "
                    f"{data['pods']} pods) in {data['api_bind_wall_s']:.2f} s = "
                    f"{data['api_binds_per_s']:.1f} binds/s (binds/s before and after shardsched's window: {phases})")
         drift = data["api_drift"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import math
 import multiprocessing
 import threading
 import time
@@ -165,7 +166,13 @@ class BenchReport:
             self.ratio_with_events = self.with_events_pods_per_s / base if base else 0.0
 
     def to_json(self) -> dict:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        """Floats to 3 decimals; the ratios rounded down (0.8996 is 0.899, never a 0.9 that a check
+        ``ratio >= 0.9`` would pass), as the table prints them."""
+        out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        for k in ("ratio", "ratio_with_events"):
+            if isinstance(getattr(self, k), float):
+                out[k] = math.floor(getattr(self, k) * 1000 + 1e-9) / 1000
+        return out
 
 
 def _pod(name: str, namespace: str, scheduler_name: str, run_nodes: str | None = None) -> dict:
@@ -888,7 +895,12 @@ class Bench:
                 done = -1
             if done >= report.bound:
                 break
-            if self._stop.is_set() or time.monotonic() > deadline:
+            if self._stop.is_set():
+                report.interrupted = True
+                report.errors.append(f"interrupted (SIGINT/SIGTERM) while the Scheduled Events were written "
+                                     f"({max(done, 0)} of {report.bound}): the rate with Events is not measured")
+                return
+            if time.monotonic() > deadline:
                 report.errors.append(f"the Scheduled Events of {report.bound} pods were not all written within "
                                      f"{timeout_s:.0f} s of the last bind ({max(done, 0)} were)")
                 return
@@ -904,13 +916,18 @@ class Bench:
         try:
             self._delete(getattr(self, "_names", []))
             self._names = []
-            if self._nodes and report.api_baselines and not self._stop.is_set():
-                try:
-                    self.api_baseline(report.pods, self._nodes, report, "after")
-                except BenchInterrupted:
+            if self._nodes and report.api_baselines:
+                if self._stop.is_set():  # stopped after the window, before the second baseline began
                     report.interrupted = True
-                    report.errors.append("interrupted (SIGINT/SIGTERM) during the second baseline: shardsched is "
+                    report.errors.append("interrupted (SIGINT/SIGTERM) before the second baseline: the window is "
                                          "compared with the first alone")
+                else:
+                    try:
+                        self.api_baseline(report.pods, self._nodes, report, "after")
+                    except BenchInterrupted:
+                        report.interrupted = True
+                        report.errors.append("interrupted (SIGINT/SIGTERM) during the second baseline: the window "
+                                             "is compared with the first alone")
                 report.set_ratios()
         finally:
             self.cleanup()
