@@ -500,12 +500,12 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
         count = len(data["api_baselines"])
         click.echo(f"API server: {data['api_binds']} binds from one client ({count} baseline{'s' if count != 1 else ''} of "
                    f"{data['pods']} pods) in {data['api_bind_wall_s']:.2f} s = "
-                   f"{data['api_binds_per_s']:.1f} binds/s (binds/s before and after shardsched's window: {phases})")
+                   f"{data['api_binds_per_s']:.1f} binds/s (binds/s before and after {subject}'s window: {phases})")
         drift = data["api_drift"]
         if drift is not None and not 1 / BENCH_DRIFT_WARN <= drift <= BENCH_DRIFT_WARN:
             click.echo(f"note: the API server's own rate moved by a factor of {drift:.2f} between the two baselines: the "
                        "machine's speed drifted during the run, so the ratio is uncertain; run again", err=True)
-        phase_names = {"before": "the first baseline", "shardsched": "shardsched's window", "after": "the second baseline"}
+        phase_names = {"before": "the first baseline", "shardsched": f"{subject}'s window", "after": "the second baseline"}
         not_collected = [phase_names.get(phase, phase) for phase, took in data["api_server_gc_s"].items() if took is None]
         if not_collected:
             click.echo(f"note: the API server could not be asked to collect its garbage before {', '.join(not_collected)} "
@@ -514,14 +514,14 @@ def _bench_report(bench, report, started_at: float, kw: dict, runtime, qps: floa
         server = data["api_server_bind_ms"]
         if server["baseline"] is not None and server["shardsched"] is not None:
             click.echo(f"API server's own time per bind (apiserver_request_duration_seconds): {server['baseline']:.1f} ms "
-                       f"during the baseline, {server['shardsched']:.1f} ms while shardsched ran")
+                       f"during the baseline, {server['shardsched']:.1f} ms while {subject} ran")
         cpu, cpu_binds = data["api_server_cpu"], data["api_server_cpu_binds"]
         if cpu["baseline"] is not None:
             line = (f"API server's CPU (process_cpu_seconds_total): {cpu['baseline']['cores']:.2f} cores busy, "
                     f"{cpu['baseline']['ms_per_pod']:.2f} ms per bind during the baselines")
             if cpu_binds["shardsched"] is not None:
                 line += (f"; {cpu_binds['shardsched']['cores']:.2f} cores, {cpu_binds['shardsched']['ms_per_pod']:.2f} ms "
-                         "per pod while shardsched bound")
+                         f"per pod while {subject} bound")
             if cpu["shardsched"] is not None and data["events_lag_s"] is not None:
                 line += (f"; {cpu['shardsched']['cores']:.2f} cores, {cpu['shardsched']['ms_per_pod']:.2f} ms per pod "
                          "until its Events were written")
