@@ -174,7 +174,7 @@ def test_namespaces_created_relabelled_and_deleted_with_their_pods():
     relabelled = c.update_namespace({"metadata": {"name": "team-a", "labels": {"team": "b"}}})
     assert relabelled["metadata"]["uid"] == ns["metadata"]["uid"]
     assert relabelled["metadata"]["labels"] == {"team": "b", NAME_LABEL: "team-a"}
-    assert c.list_namespaces()[0] == [relabelled]
+    assert c.list_namespaces()[0] == [relabelled] and c.get_namespace("team-a") == relabelled
     rv = int(relabelled["metadata"]["resourceVersion"])
     c.delete_namespace("team-a")
     assert [p["metadata"]["name"] for p in c.list_pods()[0]] == ["other"]
@@ -184,6 +184,8 @@ def test_namespaces_created_relabelled_and_deleted_with_their_pods():
     assert c.list_namespaces()[0] == []
     with pytest.raises(NotFound):
         c.delete_namespace("team-a")
+    with pytest.raises(NotFound):
+        c.get_namespace("team-a")
     with pytest.raises(NotFound):
         c.update_namespace({"metadata": {"name": "team-a"}})
 

@@ -375,11 +375,12 @@ class SimApiServer:
             if h.command == "DELETE":
                 return h.reply(200, self.sim.delete_namespace(m["name"]))
             if h.command == "GET":
-                stored = next((o for o in self.sim.list_namespaces()[0] if o["metadata"]["name"] == m["name"]), None)
-                return h.reply(200, stored or {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": m["name"],
-                                                            "labels": {NAMESPACE_NAME_LABEL: m["name"]}},
-                                               "status": {"phase": "Active"}})
+                try:
+                    return h.reply(200, self.sim.get_namespace(m["name"]))
+                except NotFound:  # never created: it exists all the same, with its name label only
+                    return h.reply(200, {"apiVersion": "v1", "kind": "Namespace",
+                                         "metadata": {"name": m["name"], "labels": {NAMESPACE_NAME_LABEL: m["name"]}},
+                                         "status": {"phase": "Active"}})
         if path == "/version":
             return h.reply(200, {"major": "1", "minor": "99", "gitVersion": "v1.99.0-shardsched-sim"})
         if path == "/apis/events.k8s.io/v1":

@@ -104,18 +104,19 @@ class Tracked:
 
 
 
+def _parse_namespace(obj: dict) -> tuple[str, dict[str, str]] | None:
+    """(name, labels) of a Namespace object (`namespace_labels_of`); one without a name is logged
+    and gives None."""
+    try:
+        return namespace_labels_of(obj)
+    except InvalidObjectError as e:
+        log.error("namespace ignored: %s", e)
+        return None
+
+
 def _namespace_labels(objs: Iterable[dict]) -> dict[str, dict[str, str]]:
-    """Namespace name -> labels (`namespace_labels_of`) of listed Namespace objects; one without a
-    name is logged and left out."""
-    out = {}
-    for obj in objs:
-        try:
-            name, labels = namespace_labels_of(obj)
-        except InvalidObjectError as e:
-            log.error("namespace ignored: %s", e)
-            continue
-        out[name] = labels
-    return out
+    """Namespace name -> labels of listed Namespace objects (`_parse_namespace`)."""
+    return dict(filter(None, map(_parse_namespace, objs)))
 
 
 def _slim(pod: PodInfo) -> PodInfo:
@@ -475,21 +476,13 @@ class Coordinator:
     def _handle_namespaces(self, events: list[tuple[str, dict]]) -> None:
         """Namespaces created, relabelled or deleted: their labels decide which namespaces a pod
         affinity term's ``namespaceSelector`` selects, here and in every shard (`Shard.apply_namespaces`)."""
-        upserts: dict[str, dict[str, str]] = {}
-        removed: list[str] = []
+        last: dict[str, tuple[str, dict[str, str]]] = {}  # only a namespace's last event of the poll counts
         for typ, obj in events:
-            try:
-                name, labels = namespace_labels_of(obj)
-            except InvalidObjectError as e:
-                log.error("namespace ignored: %s", e)
-                continue
-            if typ == "DELETED":
-                upserts.pop(name, None)
-                removed.append(name)
-            else:
-                upserts[name] = labels
-                if name in removed:
-                    removed.remove(name)
+            parsed = _parse_namespace(obj)
+            if parsed is not None:
+                last[parsed[0]] = (typ, parsed[1])
+        upserts = {name: labels for name, (typ, labels) in last.items() if typ != "DELETED"}
+        removed = [name for name, (typ, _) in last.items() if typ == "DELETED"]
         if not self.table.set_namespaces(upserts, removed):
             return
         for s in self.shards:

@@ -293,6 +293,14 @@ class SimCluster:
         with self._lock:
             return list(self._namespaces.values()), self._rv
 
+    def get_namespace(self, name: str) -> dict:
+        """The Namespace object ``name``. Raises: NotFound (never created: pods may still be in it)."""
+        with self._lock:
+            ns = self._namespaces.get(name)
+        if ns is None:
+            raise NotFound(f'namespaces "{name}" not found')
+        return ns
+
     def get_node(self, name: str) -> dict:
         """The node named ``name``. Raises: NotFound."""
         with self._lock:
