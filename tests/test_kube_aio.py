@@ -14,7 +14,7 @@ import pytest
 from shardsched.kube.aio import AioApi
 from shardsched.kube.client import ClientSpec, Garbage, TokenBucket, Unauthorized, Unreachable
 from shardsched.kube.cluster import KubeCluster
-from shardsched.sim.errors import NotFound, ServerError, Timeout
+from shardsched.cluster import NotFound, ServerError, Timeout
 
 from builders import pod
 

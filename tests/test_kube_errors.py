@@ -14,7 +14,7 @@ from shardsched.kube.client import Api, ClientSpec, Forbidden, Garbage, Unauthor
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
-from shardsched.sim.errors import ServerError
+from shardsched.cluster import ServerError
 
 from builders import pod
 

@@ -172,7 +172,7 @@ class EnvtestBackend(Backend):
         return self.admin.request("GET", f"/api/v1/namespaces/{ns}/pods/{name}", verb="get", resource="pods")
 
     def rival_bind(self, ns, name, node_name):
-        from shardsched.sim.errors import ApiError
+        from shardsched.cluster import ApiError
 
         try:
             self.admin.request("POST", f"/api/v1/namespaces/{ns}/pods/{name}/binding", verb="create",
@@ -446,7 +446,7 @@ def test_a_pod_whose_spec_cannot_be_read_gets_scheduler_error_and_the_rest_go_on
     but cannot be evaluated: kube-scheduler reports such a pod with reason SchedulerError (an error,
     not a rejection); the other pods are bound. The simulated cluster is stricter here: it refuses
     the pod at creation (422) with the same message, which is checked instead."""
-    from shardsched.sim.errors import Invalid
+    from shardsched.cluster import Invalid
 
     backend.create_nodes([a_node("n0")])
     bad = our_pod("bad-affinity")

@@ -13,8 +13,7 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.errors import InvalidObjectError, PermanentError, TemporaryError
 from shardsched.kube.client import ClientSpec, Forbidden, TokenBucket, Unauthorized, classify, to_dict
 from shardsched.kube.informer import BOUND_WATCH, Store, watch_specs
-from shardsched.sim.cluster import ADDED, DELETED, MODIFIED
-from shardsched.sim.errors import Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+from shardsched.cluster import ADDED, DELETED, MODIFIED, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
 
 SCHED = "shardsched"
 

@@ -19,7 +19,8 @@ from shardsched.cache.node_table import PodUsage
 from shardsched.config import load_config
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, UNSCHEDULABLE_HERE, Handoff
 from shardsched.sharding.shard import START_BATCH, Shard, ShardOptions
-from shardsched.sim import BindResult, FaultConfig, SimCluster, uniform_nodes, uniform_pods
+from shardsched.cluster import BindResult
+from shardsched.sim import FaultConfig, SimCluster, uniform_nodes, uniform_pods
 from shardsched.store import BoundPod, EmbeddedRedis, Ledger, NodeEntry, connect
 
 SCHEDULER = "shardsched"

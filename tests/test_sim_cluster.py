@@ -13,22 +13,19 @@ import pytest
 from shardsched.api import pod_requests
 from shardsched.api.objects import UNSCHEDULABLE_TAINT_KEY
 from shardsched.errors import PermanentError, TemporaryError
-from shardsched.sim import (
+from shardsched.cluster import (
     DELETED,
     MODIFIED,
     AlreadyExists,
     Binding,
     Conflict,
-    FaultConfig,
     Gone,
     Invalid,
     NotFound,
     ServerError,
-    SimCluster,
     Timeout,
-    uniform_nodes,
-    uniform_pods,
 )
+from shardsched.sim import FaultConfig, SimCluster, uniform_nodes, uniform_pods
 
 
 def make_node(name: str = "n1", cpu: str = "2", memory: str = "4Gi", pods: int = 110, **extra: str) -> dict:

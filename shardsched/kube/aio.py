@@ -41,7 +41,7 @@ from kubernetes.aio.client import rest as aio_rest
 
 from shardsched.kube.client import JSON, TOKEN_REFRESH_S, ClientSpec, Garbage, TokenBucket, Unreachable, \
     _at_most_every, classify, loads_json
-from shardsched.sim.errors import Timeout
+from shardsched.cluster import Timeout
 
 log = logging.getLogger(__name__)
 

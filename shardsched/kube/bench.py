@@ -63,8 +63,7 @@ from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.informer import BOUND, Reflector, Store, WatchSpec, list_all
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION
-from shardsched.sim.cluster import POD
-from shardsched.sim.errors import AlreadyExists, Conflict, NotFound
+from shardsched.cluster import POD, AlreadyExists, Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +198,7 @@ def register_node(api, node: dict, exist_ok: bool = False) -> None:
     ``exist_ok``: a node of that name already there (left by an interrupted run) is made Ready
     the same way instead of failing.
 
-    Raises: `shardsched.sim.errors.ApiError` from any of the three writes.
+    Raises: `shardsched.cluster.ApiError` from any of the three writes.
     """
     name = node["metadata"]["name"]
     try:

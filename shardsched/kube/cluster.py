@@ -1,11 +1,11 @@
-"""KubeCluster: the cluster protocol of `shardsched.sim.SimCluster`, over a real API server.
+"""KubeCluster: the cluster contract (`shardsched.cluster.ClusterBackend`) over a real API server.
 
 The coordinator consumes it through `Remote` exactly like the simulated cluster:
 
 - ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
   rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
   number; ``events_since(rv, kinds, limit)``: the changes after it, raising
-  `shardsched.sim.errors.Gone` when the log no longer reaches back. The informers
+  `shardsched.cluster.Gone` when the log no longer reaches back. The informers
   (`shardsched.kube.informer`) list then watch nodes, namespaces, the pods bound to any node, and
   our pending pods (server-side field selectors), with bookmarks, relisting on 410 and reconnecting
   with backoff; they start on the first list and that first list waits for the caches to sync.
@@ -42,8 +42,8 @@ from shardsched.kube.aio import AioApi
 from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector, Store, watch_specs
 from shardsched.kube.writers import BindsFirst, EventRecorder, StatusWriter
-from shardsched.sim.cluster import BindResult, WatchEvent
-from shardsched.sim.errors import Timeout
+from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, BindResult, Capabilities,
+                                Timeout, WatchEvent)
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,6 @@ PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods
 #: and with --leader-elect, in the Lease's namespace
 LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
                       ("update", "coordination.k8s.io", "leases")]
-
-#: codes of `BindResult` as the shard reads them
-BOUND, NOT_FOUND, CONFLICT, NOT_APPLIED, MAYBE_APPLIED = 201, 404, 409, 500, 504
 
 
 class KubeCluster:
@@ -82,6 +79,10 @@ class KubeCluster:
     initial list, `TemporaryError` when the API server is unreachable; later failures of the
     informers are retried in the background and reported by `health`.
     """
+
+    #: a copy per process (`shardsched.cluster.PerProcessBackend`); Events and conditions yield
+    #: to the binds (``gate``)
+    capabilities = Capabilities(per_process=True)
 
     def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
                  bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
@@ -236,6 +237,26 @@ class KubeCluster:
         """Queue a pod condition update through ``pods/status`` (coalesced per pod; skipped when the
         pod already has it). Never blocks."""
         self._status_writer().set_condition(namespace, name, condition)
+
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None,
+                   grace_period_s: int | None = None) -> dict:
+        """Delete a pod (``DELETE pods/<name>`` with ``DeleteOptions``), synchronously: the API
+        server's answer, the pod with its ``deletionTimestamp`` (or a Status once it is gone).
+
+        Args:
+            uid: ``preconditions.uid``: the pod must still be that one.
+            grace_period_s: ``gracePeriodSeconds``; None for the pod's own.
+
+        Raises: `NotFound`, `Conflict` (the uid precondition failed), `PermanentError` (RBAC:
+        ``delete pods`` is not in deploy/rbac's ClusterRole yet), `TemporaryError`.
+        """
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        return self._connection().request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", verb="delete",
+                                          resource="pods", body=body)
 
     # ------------------------------------------------------------------ binding
     def bind_many(self, bindings: Sequence[tuple]) -> list[BindResult]:

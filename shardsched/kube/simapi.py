@@ -54,8 +54,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.sim.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, SimCluster
-from shardsched.sim.errors import AlreadyExists, ApiError, Conflict, NotFound
+from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, AlreadyExists, ApiError, Conflict, NotFound
+from shardsched.sim.cluster import SimCluster
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
@@ -436,7 +436,9 @@ class SimApiServer:
                 self.sim.set_pod_condition(ns, name, cond, resource_version=rv)
             return h.reply(200, self.sim.get_pod(ns, name))
         if h.command == "DELETE":
-            return h.reply(200, self.sim.delete_pod(ns, name))
+            body = h.body() or {}
+            uid = (body.get("preconditions") or {}).get("uid")
+            return h.reply(200, self.sim.delete_pod(ns, name, uid, body.get("gracePeriodSeconds")))
         return h.reply(200, self.sim.get_pod(ns, name))
 
     def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:

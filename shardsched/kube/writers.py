@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping
 
 from shardsched.errors import PermanentError, TemporaryError, ThrottledLog
 from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api
-from shardsched.sim.errors import Conflict, NotFound
+from shardsched.cluster import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 

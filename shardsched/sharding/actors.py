@@ -48,18 +48,19 @@ class ShardHost:
                  cluster: Any, coordinator: Any, options: ShardOptions) -> None:
         gctune.tune()  # this actor's process (shardsched.gctune)
         ledger = Ledger(connect(redis_url), prefix)
-        # a backend object living in this process (the Kubernetes backend binds from each shard)
-        # has counters of its own (binds by code, Events written): `metric_samples` adds them
-        self._own_backend = cluster if callable(getattr(type(cluster), "metric_samples", None)) else None
-        self.shard = Shard(index, member, config, ledger, RemoteBindTarget(Remote(cluster)),
+        backend = Remote(cluster)
+        # a backend copy living in this process (the Kubernetes backend binds from each shard:
+        # `shardsched.cluster.PerProcessBackend`) has counters of its own (binds by code, Events
+        # written): `metric_samples` adds them
+        self._own_backend = None if backend.is_actor or not cluster.capabilities.per_process else cluster
+        self.shard = Shard(index, member, config, ledger, RemoteBindTarget(backend),
                            RemoteRebalancer(Remote(coordinator)), options)
         self.thread = threading.Thread(target=self.shard.run_forever, name=f"shard-{index}", daemon=True)
         self.thread.start()
         # before this constructor returns, i.e. before the coordinator's start-up ping is answered:
         # the backend's connections for this shard's binding cycles (`KubeCluster.open_connections`)
-        open_connections = getattr(self._own_backend, "open_connections", None)
-        if callable(open_connections) and options.binding_cycles > 0:
-            open_connections(options.binding_cycles)
+        if self._own_backend is not None and options.binding_cycles > 0:
+            self._own_backend.open_connections(options.binding_cycles)
 
     def adopt(self, coordinator: Any) -> str:
         """A new coordinator (actor handle) takes this shard over; see `Shard.adopt`."""
@@ -88,17 +89,15 @@ class ShardHost:
         own backend still queues (the Kubernetes backend's Scheduled Events, up to 5 s more)."""
         self.shard.stop()
         self.shard.wait_idle(5.0)
-        stop_backend = getattr(self._own_backend, "stop", None)
-        if callable(stop_backend):
+        if self._own_backend is not None:
             try:
-                stop_backend()
+                self._own_backend.stop()
             except Exception as e:  # noqa: BLE001 - stopping: best effort
                 log.warning("shard %s: stopping its backend: %s", self.shard.member, e)
     def drain_binds(self):
         """Whole-scheduler stop: this shard's backend sends no more binds (`KubeCluster.drain_binds`)."""
-        drain = getattr(self._own_backend, "drain_binds", None)
-        if callable(drain):
-            drain()
+        if self._own_backend is not None:
+            self._own_backend.drain_binds()
     def drain(self, fraction=1.0): return self.shard.drain(fraction)
     def retire(self, timeout_s=30.0): return self.shard.retire(timeout_s)
 

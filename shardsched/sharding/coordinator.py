@@ -227,7 +227,8 @@ class Coordinator:
         self.ledger = ledger
         self.cluster = cluster
         # its FailedScheduling Events and conditions yield to the shards' binds too
-        yield_writes_to_binds(getattr(cluster, "target", None), ledger)
+        if not cluster.is_actor:
+            yield_writes_to_binds(cluster.target, ledger)
         self.shard_factory = shard_factory
         self.health_period_s = health_period_s
         self.health_failures = health_failures
@@ -446,7 +447,7 @@ class Coordinator:
         return busy
 
     def poll_watch(self) -> bool:
-        from shardsched.sim.errors import Gone
+        from shardsched.cluster import Gone
 
         try:
             events, rv = self.cluster.ask("events_since", self.rv, None, WATCH_BATCH)

@@ -6,11 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from shardsched.cluster import WriteGate
 from shardsched.queue import QueuedPodInfo
 
 
 class BindTarget(Protocol):
-    """The cluster as a shard sees it: batched binds (the API server's ``pods/binding``)."""
+    """The cluster as a shard sees it: batched binds (the API server's ``pods/binding``), and the
+    backend's ``gate`` (`shardsched.cluster.WriteGate`, or None) its binds are marked in."""
+
+    gate: WriteGate | None
 
     def bind_many(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[Any]:
         """(namespace, name, node, uid) per pod -> one result per pod with ``.code`` (201 bound, 404,

@@ -75,7 +75,7 @@ class RemoteBindTarget:
         self.timeout_s = timeout_s
         # a local backend's binds-first gate (`shardsched.kube.writers.BindsFirst`), so that the
         # shard marks its binds for the writers of the other processes; an actor's stays its own
-        self.gate = None if cluster.is_actor else getattr(cluster.target, "gate", None)
+        self.gate = None if cluster.is_actor else cluster.target.gate
 
     def bind_many(self, bindings):
         return self.cluster.ask("bind_many", bindings, timeout_s=self.timeout_s)

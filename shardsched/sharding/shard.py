@@ -67,12 +67,13 @@ BINDING_MARK_TTL_MS = 5000
 
 
 def yield_writes_to_binds(cluster: Any, ledger: Ledger) -> None:
-    """Let the Event and condition writers of ``cluster`` (a `KubeCluster`: its ``gate``, a
-    `shardsched.kube.writers.BindsFirst`) yield to the binds of every shard of this scheduler,
-    as the shards mark them in ``ledger``, not only to those of their own process. Does nothing
-    for a cluster without a gate (the simulated cluster) or whose gate already asks someone."""
-    gate = getattr(cluster, "gate", None)
-    if gate is not None and getattr(gate, "peers", False) is None:
+    """Let the Event and condition writers of ``cluster`` (a `shardsched.cluster.ClusterBackend`
+    or a `BindTarget`: its ``gate``, a `shardsched.cluster.WriteGate`) yield to the binds of
+    every shard of this scheduler, as the shards mark them in ``ledger``, not only to those of
+    their own process. Does nothing for a cluster without a gate (the simulated cluster) or whose
+    gate already asks someone."""
+    gate = cluster.gate
+    if gate is not None and gate.peers is None:
         def peers() -> int:
             binding, bursting = ledger.binding_marks()
             return gate.BURST if bursting else gate.BINDING if binding else gate.IDLE
@@ -192,7 +193,7 @@ class Shard:
         # bind calls in flight and when this shard last marked them in the ledger (writers of
         # every process yield to them: `yield_writes_to_binds`); only for a cluster with a gate
         # (a gate also says which bind calls are bursts, for which the writers hold back longer)
-        self._gate = getattr(cluster, "gate", None)
+        self._gate = cluster.gate
         self._mark_binds = self._gate is not None
         self._binds_lock = threading.Lock()
         self._binds_in_flight = 0

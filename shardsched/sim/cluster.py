@@ -33,7 +33,9 @@ Returned objects are shared snapshots, as in a client-go informer cache: never m
 first). Each write stores new dicts, so a snapshot never changes after it was returned.
 
 Thread-safe (one lock). Plain enough for ``ray.remote(SimCluster)``: constructor arguments and
-return values are plain values and dataclasses; errors are the typed `shardsched.sim.errors`.
+return values are plain values and dataclasses; errors are the typed `shardsched.cluster.errors`.
+It implements the cluster contract (`shardsched.cluster.ClusterBackend`), as one object (or one
+Ray actor) every process calls: no per-process copies, no write gate.
 """
 
 from __future__ import annotations
@@ -45,18 +47,16 @@ import uuid
 from collections import abc
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping
 
 from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
-from shardsched.sim.errors import (AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout,
-                                   read_event_log)
-
-ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
-NODE, POD, NAMESPACE = "Node", "Pod", "Namespace"
+from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, POD, AlreadyExists, Binding,
+                                BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
+                                read_event_log)
 
 #: PriorityClasses every cluster has (``scheduling.k8s.io``'s built-in system classes).
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
@@ -71,68 +71,6 @@ _EVENT_TYPES = ("Normal", "Warning")
 #: Distinct events kept per object (the oldest goes first), so a pod that fails scheduling for
 #: ever-changing reasons cannot grow memory without bound.
 _EVENTS_PER_OBJECT = 32
-_OK = 201
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """One change: ``type`` ADDED, MODIFIED or DELETED; ``kind`` Node or Pod; ``object`` the object
-    after the change (for DELETED, its last state); ``rv`` the resourceVersion of the change."""
-
-    type: str
-    kind: str
-    object: dict
-    rv: int
-
-
-class Binding(NamedTuple):
-    """One bind request for `SimCluster.bind_many`; a plain ``(namespace, name, node_name)`` or
-    ``(namespace, name, node_name, uid)`` tuple works the same. ``uid``, when set, must be the
-    current pod's uid (a precondition, as ``Binding.metadata.uid``)."""
-
-    namespace: str
-    name: str
-    node_name: str
-    uid: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BindResult:
-    """Outcome of one bind.
-
-    Attributes:
-        code: 201 bound; 404 pod or node not found (or uid differs); 409 pod already bound;
-            500 server error; 504 timeout (the bind may or may not have been applied).
-        reason: for an error, its Kubernetes status reason (``NotFound``, ``Conflict``,
-            ``InternalError``, ``Timeout``); for a bind the admission rejected, the pod's
-            ``status.reason`` (``OutOfcpu``, ``OutOfpods``, ``OutOfnvidia.com/gpu``, ...); else "".
-        message: the error's or the admission rejection's message; else "".
-        phase: pod phase right after a successful bind: ``Running``, or ``Failed`` when the
-            kubelet-like admission rejected it; "" on errors.
-    """
-
-    namespace: str
-    name: str
-    node_name: str
-    code: int
-    reason: str = ""
-    message: str = ""
-    phase: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when the pod was bound (even if the admission then failed it)."""
-        return self.code == _OK
-
-    def error(self) -> ApiError | None:
-        """The typed error this result stands for (`NotFound`, `Conflict`, `ServerError`,
-        `Timeout`), or None when ``ok``."""
-        if self.ok:
-            return None
-        return _BIND_ERRORS[self.code](self.message)
-
-
-_BIND_ERRORS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 500: ServerError, 504: Timeout}
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +182,10 @@ class SimCluster:
     Raises:
         ValueError: ``history_limit`` < 1.
     """
+
+    capabilities = Capabilities()
+    #: Events and conditions are written at once, beside the binds: no `WriteGate`
+    gate = None
 
     def __init__(self, seed: int = 0, faults: FaultConfig | None = None, history_limit: int = 100_000,
                  priority_classes: Mapping[str, int] | None = None, copy_inputs: bool = True) -> None:
@@ -428,14 +370,26 @@ class SimCluster:
                 out.append(self._pods[key])
             return out
 
-    def delete_pod(self, namespace: str, name: str) -> dict:
-        """Delete a pod at once (grace period 0) and free what it used on its node.
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None,
+                   grace_period_s: int | None = None) -> dict:
+        """Delete a pod at once, whatever ``grace_period_s`` asks (the simulator has no kubelet to
+        wait for: grace period 0), and free what it used on its node.
+
+        Args:
+            uid: a precondition (``DeleteOptions.preconditions.uid``): the pod must still be that one.
 
         Returns:
-            the pod's last state. Raises: NotFound.
+            the pod's last state. Raises: NotFound; Conflict when ``uid`` differs (as the API server
+            answers a failed precondition).
         """
+        key = f"{namespace}/{name}"
         with self._lock:
-            return self._delete_pod(f"{namespace}/{name}")
+            if uid is not None:
+                pod = self._pods.get(key)
+                if pod is not None and pod["metadata"].get("uid") != uid:
+                    raise Conflict(f'Precondition failed: UID in precondition: {uid}, UID in object meta: '
+                                   f'{pod["metadata"].get("uid")}')
+            return self._delete_pod(key)
 
     def create_namespace(self, obj: Any) -> dict:
         """Create a Namespace: its name must be a DNS-1123 label and its labels valid; the API
@@ -866,7 +820,7 @@ class SimCluster:
                 self._stats["bind_conflicts"] += 1
             return BindResult(namespace, name, node_name, *error)
         status = self._apply_bind(key, pod, node_name)
-        return BindResult(namespace, name, node_name, _OK, status.get("reason", ""), status.get("message", ""),
+        return BindResult(namespace, name, node_name, BOUND, status.get("reason", ""), status.get("message", ""),
                           status["phase"])
 
     def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:

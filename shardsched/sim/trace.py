@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple
 
 from shardsched.api.validation import validate_name
-from shardsched.errors import InvalidObjectError
-from shardsched.sim.errors import TraceError
+from shardsched.errors import InvalidObjectError, ShardschedError
 from shardsched.sim.workload import PAUSE_IMAGE, SCHEDULER_NAME
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -66,6 +65,11 @@ POD_TIME_COLUMNS = ("creation_time", "deletion_time")
 #: that `shardsched.api.quantity` accepts.
 _MAX_COUNT = 2**40
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+class TraceError(ShardschedError):
+    """A trace file cannot be read at all: it is missing, unreadable, or its header lacks
+    required columns. (Malformed rows are skipped and reported instead, see the module docstring.)"""
 
 
 class _RowError(Exception):

@@ -1,0 +1,48 @@
+"""The cluster contract both backends implement (`ClusterBackend`): list and watch (`WatchEvent`),
+bind (`Binding`, `BindResult`), pod deletion and status, Events, the typed `ApiError` family, and
+the `Capabilities` a backend declares. The simulated cluster (`shardsched.sim`) and the Kubernetes
+backend (`shardsched.kube`) import it and never each other."""
+
+from shardsched.cluster.backend import Capabilities, ClusterBackend, PerProcessBackend, WriteGate
+from shardsched.cluster.binding import BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, Binding, BindResult
+from shardsched.cluster.errors import (
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Gone,
+    Invalid,
+    NotFound,
+    ServerError,
+    Timeout,
+)
+from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, WatchEvent, read_event_log
+
+__all__ = [
+    "ADDED",
+    "BOUND",
+    "CONFLICT",
+    "DELETED",
+    "MAYBE_APPLIED",
+    "MODIFIED",
+    "NAMESPACE",
+    "NODE",
+    "NOT_APPLIED",
+    "NOT_FOUND",
+    "POD",
+    "AlreadyExists",
+    "ApiError",
+    "BindResult",
+    "Binding",
+    "Capabilities",
+    "ClusterBackend",
+    "Conflict",
+    "Gone",
+    "Invalid",
+    "NotFound",
+    "PerProcessBackend",
+    "ServerError",
+    "Timeout",
+    "WatchEvent",
+    "WriteGate",
+    "read_event_log",
+]

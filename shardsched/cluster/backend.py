@@ -1,0 +1,135 @@
+"""The cluster contract: what the coordinator and the shards need of a cluster, and what a backend
+declares it offers (`Capabilities`) instead of callers probing for optional methods.
+
+Two backends implement `ClusterBackend`: the simulated cluster (`shardsched.sim.SimCluster`, the
+embedded default, one object or one Ray actor that every process calls) and the Kubernetes backend
+(`shardsched.kube.cluster.KubeCluster`, a plain picklable object of which each process holds its
+own copy, with its own API connections). Neither imports the other; both import this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Mapping, Protocol, Sequence
+
+from shardsched.cluster.binding import Binding, BindResult
+from shardsched.cluster.watch import NAMESPACE, NODE, POD, WatchEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend offers beyond the methods every `ClusterBackend` has.
+
+    Attributes:
+        kinds: the kinds it lists and watches (`shardsched.cluster.watch` constants): its
+            ``events_since`` serves events of these kinds only.
+        per_process: each process holds its own copy (a shard actor binds through its copy, not
+            through a call to another process), and a copy is a `PerProcessBackend`: it has
+            counters of its own (``metric_samples``), opens its connections ahead of a shard's binds
+            (``open_connections``), stops sending binds on a whole-scheduler stop
+            (``drain_binds``) and writes what it still queues on ``stop``.
+
+    Whether its Events and condition writes yield to the binds is its ``gate`` (a `WriteGate`, or
+    None), which the shards feed with their binds.
+    """
+
+    kinds: frozenset[str] = frozenset({NODE, POD, NAMESPACE})
+    per_process: bool = False
+
+
+class WriteGate(Protocol):
+    """A backend's gate that holds its Event and condition writes back while binds are in flight
+    (`shardsched.kube.gate.BindsFirst`). ``peers``, when set, says how busy the binds of the other
+    processes are: one of ``IDLE``, ``BINDING``, ``BURST``."""
+
+    IDLE: ClassVar[int]
+    BINDING: ClassVar[int]
+    BURST: ClassVar[int]
+    peers: Any
+
+    def is_burst(self, pods: int) -> bool:
+        """True when a bind call of ``pods`` pods is a burst (it fills every request slot)."""
+        ...
+
+
+class ClusterBackend(Protocol):
+    """A cluster as the scheduler sees it, with the API server's semantics.
+
+    Objects are camelCase dicts as the API server sends them; returned objects are shared
+    snapshots (never modify them). Errors are the typed `shardsched.cluster.errors` (their type
+    decides retries, never their message).
+    """
+
+    capabilities: ClassVar[Capabilities]
+    #: holds the Events and condition writes back while binds are in flight; None when they go out
+    #: beside the binds
+    gate: WriteGate | None
+
+    def list_nodes(self) -> tuple[list[dict], int]:
+        """Every node, and the resourceVersion to pass to `events_since`."""
+        ...
+
+    def list_pods(self) -> tuple[list[dict], int]:
+        """The pods the scheduler sees (pending pods of its schedulerNames and every non-terminal
+        bound pod, at least), and the resourceVersion."""
+        ...
+
+    def list_namespaces(self) -> tuple[list[dict], int]:
+        """Every Namespace object, and the resourceVersion."""
+        ...
+
+    def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
+                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
+        """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at
+        most ``limit``; and the rv to pass next (`shardsched.cluster.watch.read_event_log`).
+
+        Raises: `Gone` (list again), `Invalid` (a bad rv or limit).
+        """
+        ...
+
+    def bind_many(self, bindings: Sequence[Binding | tuple]) -> list[BindResult]:
+        """Bind pods through ``pods/binding``: one `BindResult` per item, in order; never raises
+        for one item."""
+        ...
+
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None,
+                   grace_period_s: int | None = None) -> Any:
+        """Delete a pod (a preemption's eviction). ``uid``, when set, is a precondition (the pod
+        must still be that one); ``grace_period_s`` None means the pod's own.
+
+        Raises: `NotFound`, `Conflict` (the uid differs), `TemporaryError` (retry).
+        """
+        ...
+
+    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Any:
+        """Patch one pod condition by type through ``pods/status`` (``util.PatchPodStatus``), e.g.
+        ``PodScheduled=False, reason=Unschedulable``; ``lastTransitionTime`` changes only when
+        the status does."""
+        ...
+
+    def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str,  # noqa: A002
+                     message: str) -> Any:
+        """Record an Event about ``obj_ref`` (an ObjectReference: kind, namespace, name, uid);
+        ``type`` Normal or Warning; repeats are counted, as kube's event correlator does."""
+        ...
+
+
+class PerProcessBackend(ClusterBackend, Protocol):
+    """A backend with ``capabilities.per_process``: each process holds a copy (see `Capabilities`)."""
+
+    def open_connections(self, binding_cycles: int) -> int:
+        """Open the connections ``binding_cycles`` concurrent ``bind_many`` calls use; returns how
+        many opened; never raises."""
+        ...
+
+    def metric_samples(self) -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
+        """This copy's counters, in `shardsched.metrics` samples form."""
+        ...
+
+    def drain_binds(self) -> None:
+        """Send no more binds (a whole-scheduler stop): those not yet sent answer 500."""
+        ...
+
+    def stop(self) -> None:
+        """Write what is still queued (Events, conditions) for a short while, then close."""
+        ...
