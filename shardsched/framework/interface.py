@@ -75,6 +75,10 @@ class QueueSortPlugin(Plugin):
 class FilterPlugin(PreFilterPlugin):
     #: True if the result depends only on static node attributes (see module docstring)
     static: ClassVar[bool] = True
+    #: the code of this plugin's rejections: True = UnschedulableAndUnresolvable (removing pods from
+    #: the node cannot help, so preemption skips it), False = Unschedulable; `unresolvable_mask`
+    #: refines it per node for plugins whose reasons differ
+    unresolvable: ClassVar[bool] = False
 
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         """bool array over idx: True where the node passes."""
@@ -93,6 +97,12 @@ class FilterPlugin(PreFilterPlugin):
         may count under several reasons (e.g. Insufficient cpu and Insufficient memory).
         """
         raise NotImplementedError
+
+    def unresolvable_mask(self, state: CycleState, pod: PodInfo, table: NodeTable, slots: np.ndarray) -> np.ndarray:
+        """For nodes (``slots``) that this plugin rejected: bool array, shape (len(slots),), True where
+        the rejection is UnschedulableAndUnresolvable (upstream's per-reason codes). Only called on
+        the failure path."""
+        return np.full(len(slots), self.unresolvable)
 
 
 class ScorePlugin(Plugin):

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardsched.framework.diagnosis import Diagnosis
 
 
 class Code(enum.IntEnum):
@@ -24,12 +28,13 @@ class Code(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """A plugin's outcome: a code, human reasons, and the plugin that produced it."""
+    """A plugin's outcome: a code, human reasons, and the plugin that produced it; a failed
+    scheduling attempt's Status carries its `Diagnosis` (kube's ``FitError``)."""
 
     code: Code = Code.SUCCESS
     reasons: tuple[str, ...] = ()
     plugin: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
+    diagnosis: "Diagnosis | None" = field(default=None, compare=False)
 
     @classmethod
     def success(cls) -> "Status":

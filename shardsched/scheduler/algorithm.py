@@ -18,6 +18,7 @@ import numpy as np
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.framework.cycle_state import FEASIBLE_NODES_KEY, CycleState
+from shardsched.framework.diagnosis import Diagnosis, fit_error_message  # noqa: F401  (fit_error_message: re-exported)
 from shardsched.framework.interface import FilterPlugin, ScorePlugin
 from shardsched.framework.runtime import Framework
 from shardsched.framework.status import Code, Status
@@ -46,12 +47,6 @@ class ScheduleResult:
     @property
     def scheduled(self) -> bool:
         return self.node is not None
-
-
-def fit_error_message(num_nodes: int, reasons: dict[str, int]) -> str:
-    """kube's FitError message: ``0/N nodes are available: <count> <reason>, ....`` (reasons sorted)."""
-    parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
-    return f"0/{num_nodes} nodes are available: {', '.join(parts)}."
 
 
 def num_feasible_nodes_to_find(percentage: int | None, num_all_nodes: int) -> int:
@@ -331,23 +326,27 @@ class GenericScheduler:
     # ------------------------------------------------------------------ failure path
     def _prefilter_status(self, st: Status) -> Status:
         """A PreFilter rejection as kube's FitError words it: ``0/N nodes are available: <the
-        PreFilter's message>.``, without a per-node count (every node has the same status);
-        ``extra`` as `_diagnose`'s."""
+        PreFilter's message>.``, without a per-node count (every node has the same status); its
+        `Diagnosis` counts the message once per node."""
         n = self.table.num_nodes
         reasons = {r: n for r in st.reasons} or {f"{st.plugin} rejected the pod": n}
-        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (f"0/{n} nodes are available: {', '.join(reasons)}.",),
-                      st.plugin, {"reasons": reasons, "nodes": n})
+        diagnosis = Diagnosis(n, reasons, unschedulable_plugins=(st.plugin,) if st.plugin else (),
+                              pre_filter_msg=", ".join(reasons),
+                              pre_filter_unresolvable=st.code != Code.UNSCHEDULABLE)
+        return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, (diagnosis.message(),), st.plugin, diagnosis)
 
     def _diagnose(self, pod: PodInfo, state: CycleState, entry: _Entry) -> Status:
         """Which plugin rejected each node, first failing plugin per node in profile order (as kube,
         which stops at a node's first failing Filter), summed into the FitError message.
 
-        Returns an Unschedulable Status; ``extra`` holds ``reasons`` (reason -> nodes) and ``nodes``.
+        Returns an Unschedulable Status with its `Diagnosis` (reasons, the rejected nodes and which
+        of them are UnschedulableAndUnresolvable, the rejecting plugins).
         """
         table = self.table
         n = table.n
         everything = slice(0, n)
         remaining = table.valid[:n].copy()
+        unresolvable = np.zeros(n, bool)
         active = set(map(id, entry.filters_static + entry.filters_dynamic))
         reasons: dict[str, int] = {}
         plugins: list[str] = []
@@ -360,6 +359,7 @@ class GenericScheduler:
                 plugins.append(f.name)
                 for reason, count in f.failure_reasons(state, pod, table, failed).items():
                     reasons[reason] = reasons.get(reason, 0) + count
+                unresolvable[failed] = f.unresolvable_mask(state, pod, table, failed)
             remaining &= ok
-        return Status(Code.UNSCHEDULABLE, (fit_error_message(table.num_nodes, reasons),), ",".join(plugins),
-                      {"reasons": reasons, "nodes": table.num_nodes})
+        diagnosis = Diagnosis(table.num_nodes, reasons, table.valid[:n] & ~remaining, unresolvable, tuple(plugins))
+        return Status(Code.UNSCHEDULABLE, (diagnosis.message(),), ",".join(plugins), diagnosis)

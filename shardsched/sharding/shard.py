@@ -442,9 +442,9 @@ class Shard:
                     self._assumed.add(pod.uid)
                     placed.append((q, result, tokens[pod.uid]))
                 else:
-                    extra = result.status.extra or {}
+                    d = result.status.diagnosis
                     handoffs.append(Handoff(q, UNSCHEDULABLE_HERE, result.status.message,
-                                            dict(extra.get("reasons", {})), int(extra.get("nodes", self.table.num_nodes))))
+                                            dict(d.reasons) if d else {}, d.num_all_nodes if d else self.table.num_nodes))
             self.metrics.extension_point_duration.labels("Filter+Score", "Success", self.default_scheduler.framework.profile_name).observe(time.perf_counter() - t0)
         for h in handoffs:
             self.metrics.schedule_attempts.labels(UNSCHEDULABLE, h.qpi.pod_info.scheduler_name).inc()

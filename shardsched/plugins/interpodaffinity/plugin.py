@@ -198,6 +198,12 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
                   (ERR_REASON_EXISTING_ANTI_AFFINITY, int(first_existing.sum())))
         return {reason: c for reason, c in counts if c}
 
+    def unresolvable_mask(self, state, pod, table, slots):
+        """Upstream's codes: the pod's own affinity terms not matched is UnschedulableAndUnresolvable;
+        anti-affinity (its own or existing pods') is Unschedulable (removing pods may help)."""
+        affinity, _, _ = self._checks(state.read(_FILTER_KEY), table, slots)
+        return ~affinity
+
     # ------------------------------------------------------------------ score
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
         a = pod.pod_affinity

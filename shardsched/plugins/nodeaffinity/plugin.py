@@ -26,6 +26,7 @@ ERR_REASON_ENFORCED = "node(s) didn't match scheduler-enforced node affinity"
 
 
 class NodeAffinity(FilterPlugin, ScorePlugin):
+    unresolvable = True  # as upstream: UnschedulableAndUnresolvable
     name = NAME
     static = True
     normalizes = True

@@ -15,6 +15,7 @@ ERR_REASON = "node(s) didn't match the requested node name"
 
 
 class NodeName(FilterPlugin):
+    unresolvable = True  # as upstream: UnschedulableAndUnresolvable
     name = NAME
 
     def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:

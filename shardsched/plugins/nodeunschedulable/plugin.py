@@ -16,6 +16,7 @@ _TAINT = Taint(UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule")
 
 
 class NodeUnschedulable(FilterPlugin):
+    unresolvable = True  # as upstream: UnschedulableAndUnresolvable
     name = NAME
 
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:

@@ -196,6 +196,14 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
         return {r: c for r, c in ((ERR_REASON_NODE_LABEL_NOT_MATCH, missing),
                                   (ERR_REASON_CONSTRAINTS_NOT_MATCH, skewed)) if c}
 
+    def unresolvable_mask(self, state, pod, table, slots):
+        """Upstream's codes: a node without a constraint's topology label is
+        UnschedulableAndUnresolvable; a skew breach is Unschedulable (removing pods may help)."""
+        missing = np.zeros(len(slots), bool)
+        for has, _ in self._checks(state.read(_FILTER_KEY), table, slots):
+            missing |= ~has
+        return missing
+
     # ------------------------------------------------------------------ score
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
         soft = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _SCHEDULE_ANYWAY)

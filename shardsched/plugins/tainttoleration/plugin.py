@@ -31,6 +31,7 @@ def reason_for(taint: Taint) -> str:
 
 
 class TaintToleration(FilterPlugin, ScorePlugin):
+    unresolvable = True  # as upstream: UnschedulableAndUnresolvable
     name = NAME
     static = True
     normalizes = True
