@@ -22,3 +22,8 @@ class CycleState(dict[str, Any]):
 #: key of the nodes that passed every Filter (bool array over table slots), written by the scheduler
 #: before PreScore, as upstream passes PreScore the filtered nodes
 FEASIBLE_NODES_KEY = "feasibleNodes"
+
+#: key of the set of pod uids whose Bind got no answer (the binding may have been applied), written
+#: by Bind plugins; a Reserve plugin's Unreserve keeps what must stay counted for them until the
+#: cluster tells (`shardsched.framework.interface.BindPlugin`)
+BIND_OUTCOME_UNKNOWN_KEY = "bindOutcomeUnknown"

@@ -1,8 +1,8 @@
 """The vectorized plugin interfaces of shardsched's scheduling framework.
 
 These follow kube-scheduler's extension points (PreEnqueue, QueueSort, PreFilter, Filter, PreScore,
-Score, NormalizeScore, Reserve, Permit, Bind) with one difference: a Filter or Score call covers
-many nodes at once. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots
+Score, NormalizeScore, Reserve, Permit, PreBind, Bind, PostBind) with one difference: a Filter or
+Score call covers many nodes at once, and a binding-cycle call (Reserve to PostBind) many pods. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots
 ``slice(0, table.n)``) or an int array of slots (to recompute only the nodes that changed since a
 cached result).
 
@@ -13,6 +13,11 @@ cached result).
 A plugin that is ``static`` depends only on static node attributes (labels, taints, cordon, names),
 so its result for a pod signature stays valid until ``NodeTable.static_generation`` changes.
 
+The binding-cycle points take a batch: ``pods`` and ``nodes`` of the same length, pod ``i`` placed on
+node ``nodes[i]`` (a node name), and answer one entry per pod, in order, with kube's single-pod
+semantics per entry (`shardsched.framework.binding_cycle` runs them). ``state`` is the batch's
+`CycleState`, shared by the points of one binding cycle; plugins key per-pod data by pod uid.
+
 A plugin that is ``topology`` (InterPodAffinity, PodTopologySpread) depends on the pods of other
 nodes too: a pod placed on one node changes its result on every node of the same topology domain.
 Its results are recomputed over all nodes whenever any node changes, and its scores are normalized
@@ -22,7 +27,8 @@ over the feasible nodes of each decision; what it reads of the pods already plac
 
 from __future__ import annotations
 
-from typing import ClassVar
+import threading
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -128,8 +134,170 @@ class ScorePlugin(Plugin):
         return raw
 
 
+class ReservePlugin(Plugin):
+    """Reserve / Unreserve (upstream ``ReservePlugin``): hold what a placement needs before binding."""
+
+    def reserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
+        """Reserve pod ``i`` on ``nodes[i]``: one Status per pod, Success, or a rejection
+        (Unschedulable: this node no longer fits it; Error) that rolls the pod back."""
+        raise NotImplementedError
+
+    def unreserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
+        """Undo `reserve` for these pods (a later point rejected them). Idempotent, and safe to call
+        for a pod whose reserve never ran or failed: the binding cycle calls every Reserve plugin's
+        Unreserve, in reverse order, whichever plugin rejected the pod. Never raises for an
+        infrastructure fault: what cannot be undone now must expire on its own."""
+        raise NotImplementedError
+
+
+#: a Permit answer that lets the pod through: (Success, no timeout); shared, so Allow costs nothing
+ALLOW: tuple[Status, float] = (Status.success(), 0.0)
+
+
+class PermitPlugin(Plugin):
+    """Permit (upstream ``PermitPlugin``): the last gate before binding."""
+
+    def permit(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[tuple[Status, float]]:
+        """One (Status, timeout in seconds) per pod: `ALLOW`; a rejection (Unschedulable, Error),
+        timeout ignored; or ``(Status(Code.WAIT), timeout_s)``: the pod waits, its binding cycle
+        blocked, until this plugin allows it through `Handle.get_waiting_pod` (e.g. when its
+        siblings are reserved), rejects it, or ``timeout_s`` passes (then it is rejected as
+        Unschedulable, as upstream)."""
+        raise NotImplementedError
+
+
+class PreBindPlugin(Plugin):
+    """PreBind (upstream ``PreBindPlugin``): work the bind depends on (e.g. volume binding's PVC
+    annotations), after Permit."""
+
+    def pre_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
+        """One Status per pod: Success, or a failure (Error, Unschedulable) that rolls the pod back."""
+        raise NotImplementedError
+
+
 class BindPlugin(Plugin):
-    """Marker for the Bind extension point; the runtime performs the API write."""
+    """Bind (upstream ``BindPlugin``): write the binding to the cluster."""
+
+    def bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
+        """One Status per pod: Success (bound), Skip (not this binder's pod: the next Bind plugin
+        gets it), or a failure that rolls the pod back. A binder that got no answer for a pod (the
+        binding may have been applied) adds its uid to ``state[BIND_OUTCOME_UNKNOWN_KEY]``."""
+        raise NotImplementedError
+
+
+class PostBindPlugin(Plugin):
+    """PostBind (upstream ``PostBindPlugin``): informational, after a successful bind."""
+
+    def post_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
+        """The pods are bound on their nodes; cannot fail them (errors are the plugin's to log)."""
+        raise NotImplementedError
+
+
+class BindClient(Protocol):
+    """The cluster as a binder sees it: batched binds (the API server's ``pods/binding``)."""
+
+    def bind_many(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[Any]:
+        """(namespace, name, node, uid) per pod -> one result per pod with ``.code`` (201 bound, 404,
+        409, 500, 504) and ``.message``; never raises for one item."""
+        ...
+
+
+class WaitingPod:
+    """A pod held at Permit (upstream ``framework.WaitingPod``): it binds when every plugin that
+    answered Wait allows it, and is rejected by the first rejection or timeout.
+
+    Attributes:
+        pod: the pod; node: the node it is reserved on.
+    """
+
+    def __init__(self, pod: PodInfo, node: str, timeouts_s: dict[str, float], now: float) -> None:
+        self.pod = pod
+        self.node = node
+        self._deadlines = {plugin: now + t for plugin, t in timeouts_s.items()}
+        self._timeouts_s = dict(timeouts_s)
+        self._verdict: Status | None = None
+        self._cond = threading.Condition()
+
+    def get_pending_plugins(self) -> list[str]:
+        """Names of the plugins that have not allowed the pod yet."""
+        with self._cond:
+            return list(self._deadlines)
+
+    def allow(self, plugin: str) -> None:
+        """``plugin`` lets the pod through; it binds once no plugin is pending. No effect after a
+        rejection or for a plugin that is not pending."""
+        with self._cond:
+            self._deadlines.pop(plugin, None)
+            if not self._deadlines and self._verdict is None:
+                self._verdict = Status.success()
+            self._cond.notify_all()
+
+    def reject(self, plugin: str, message: str) -> None:
+        """``plugin`` rejects the pod (Unschedulable, with ``message``); the first verdict stands."""
+        with self._cond:
+            if self._verdict is None:
+                self._verdict = Status.unschedulable(message, plugin=plugin)
+            self._cond.notify_all()
+
+    def wait(self, clock: Callable[[], float]) -> Status:
+        """Block until a verdict: Success, the rejection, or (the earliest pending plugin's
+        timeout passed) Unschedulable ``rejected due to timeout after waiting <t>s at plugin <p>``,
+        as upstream's ``WaitOnPermit``. ``clock`` gives the time in seconds (``time.monotonic``)."""
+        with self._cond:
+            while self._verdict is None:
+                plugin, deadline = min(self._deadlines.items(), key=lambda kv: kv[1])
+                left = deadline - clock()
+                if left <= 0:
+                    self._verdict = Status.unschedulable(
+                        f"rejected due to timeout after waiting {self._timeouts_s[plugin]:g}s at plugin {plugin}",
+                        plugin=plugin)
+                    break
+                self._cond.wait(left)
+            return self._verdict
+
+
+class Handle:
+    """What plugins reach of the framework (upstream ``framework.Handle``): the cluster client
+    and the pods waiting at Permit. Plugins that need it get it from their factory.
+
+    Attributes:
+        client: where binds go (`BindClient`), or None where nothing is bound (``simulate``).
+    """
+
+    def __init__(self, client: BindClient | None = None) -> None:
+        self.client = client
+        self._waiting: dict[str, WaitingPod] = {}
+        self._lock = threading.Lock()
+
+    def get_waiting_pod(self, uid: str) -> WaitingPod | None:
+        """The pod with this uid waiting at Permit, or None (upstream ``GetWaitingPod``)."""
+        with self._lock:
+            return self._waiting.get(uid)
+
+    def iterate_over_waiting_pods(self, callback: Callable[[WaitingPod], None]) -> None:
+        """Call ``callback`` on every pod waiting at Permit (upstream ``IterateOverWaitingPods``);
+        the callback may allow or reject them."""
+        with self._lock:
+            pods = list(self._waiting.values())
+        for wp in pods:
+            callback(wp)
+
+    def reject_waiting_pod(self, uid: str, plugin: str, message: str) -> bool:
+        """Reject the waiting pod with this uid; False if none waits (upstream ``RejectWaitingPod``)."""
+        wp = self.get_waiting_pod(uid)
+        if wp is not None:
+            wp.reject(plugin, message)
+        return wp is not None
+
+    def add_waiting_pod(self, wp: WaitingPod) -> None:
+        """Register a pod that waits at Permit (by the binding cycle)."""
+        with self._lock:
+            self._waiting[wp.pod.uid] = wp
+
+    def remove_waiting_pod(self, uid: str) -> None:
+        """Forget a waiting pod once it has its verdict (by the binding cycle); idempotent."""
+        with self._lock:
+            self._waiting.pop(uid, None)
 
 
 def default_normalize(raw: np.ndarray, reverse: bool) -> np.ndarray:

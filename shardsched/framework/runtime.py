@@ -12,10 +12,11 @@ from typing import Any
 
 from shardsched.api.objects import PodInfo
 from shardsched.errors import ConfigError, InvalidObjectError
-from shardsched.framework.interface import (BindPlugin, FilterPlugin, Plugin, PreEnqueuePlugin, PreFilterPlugin,
-                                            QueueSortPlugin, ScorePlugin)
+from shardsched.framework.interface import (BindPlugin, FilterPlugin, Handle, PermitPlugin, Plugin, PostBindPlugin,
+                                            PreBindPlugin, PreEnqueuePlugin, PreFilterPlugin, QueueSortPlugin,
+                                            ReservePlugin, ScorePlugin)
 from shardsched.framework.status import Status
-from shardsched.plugins.registry import CLUSTER_WIDE, REGISTRY
+from shardsched.plugins.registry import CLUSTER_WIDE, REGISTRY, WITH_HANDLE
 from shardsched.plugins.unimplemented import plugin as unimplemented
 
 
@@ -36,16 +37,24 @@ class Framework:
             ``guarded_plugins`` (`shardsched.plugins.unimplemented`), in kube's order; the scheduler
             runs them in this order and stops at the first rejection.
         score_plugins: Score plugins with weights.
+        reserve_plugins, permit_plugins, pre_bind_plugins, bind_plugins, post_bind_plugins: the
+            binding-cycle plugins in profile order (`shardsched.framework.binding_cycle` runs them).
         percentage_of_nodes_to_score: None = score every feasible node; 0 = kube's adaptive rule;
             1..100 = that percentage (kube's ``percentageOfNodesToScore``).
 
     ``partial_view``: the table this framework schedules over holds only some of the cluster's
     nodes (a shard's); the plugins that need the whole cluster (``CLUSTER_WIDE`` in the registry)
     then refuse the pods they cannot decide from it (see their docstrings).
+
+    ``handle``: what plugins reach of the framework (`Handle`: the cluster client, the pods waiting
+    at Permit), given to the factories of the plugins that take it (``WITH_HANDLE``); by default one
+    without a client (nothing is bound: ``simulate``, the benchmarks of decisions).
     """
 
-    def __init__(self, profile: Any, global_percentage: int | None = None, partial_view: bool = False) -> None:
+    def __init__(self, profile: Any, global_percentage: int | None = None, partial_view: bool = False,
+                 handle: Handle | None = None) -> None:
         self.profile_name: str = profile.scheduler_name
+        self.handle = handle or Handle()
         instances: dict[str, Plugin] = {}
 
         def get(name: str) -> Plugin:
@@ -56,7 +65,12 @@ class Framework:
                                       f"supported plugins: {', '.join(sorted(REGISTRY))}")
                 try:
                     args = profile.plugin_args.get(name)
-                    instances[name] = factory(args, partial_view) if name in CLUSTER_WIDE else factory(args)
+                    if name in CLUSTER_WIDE:
+                        instances[name] = factory(args, partial_view)
+                    elif name in WITH_HANDLE:
+                        instances[name] = factory(args, self.handle)
+                    else:
+                        instances[name] = factory(args)
                 except InvalidObjectError as e:
                     raise ConfigError(f"profile {self.profile_name!r}: pluginConfig {name}: {e}") from None
             return instances[name]
@@ -73,8 +87,12 @@ class Framework:
         self.score_plugins: list[WeightedScore] = [
             WeightedScore(p, int(r.weight or 1)) for r, p in ((r, get(r.name)) for r in points.get("score", ()))
             if isinstance(p, ScorePlugin)]
-        self.binders: list[BindPlugin] = [
-            p for p in (get(r.name) for r in points.get("bind", ())) if isinstance(p, BindPlugin)]
+        at = lambda point, kind: [p for p in (get(r.name) for r in points.get(point, ())) if isinstance(p, kind)]  # noqa: E731
+        self.reserve_plugins: list[ReservePlugin] = at("reserve", ReservePlugin)
+        self.permit_plugins: list[PermitPlugin] = at("permit", PermitPlugin)
+        self.pre_bind_plugins: list[PreBindPlugin] = at("preBind", PreBindPlugin)
+        self.bind_plugins: list[BindPlugin] = at("bind", BindPlugin)
+        self.post_bind_plugins: list[PostBindPlugin] = at("postBind", PostBindPlugin)
         pct = getattr(profile, "percentage_of_nodes_to_score", None)
         self.percentage_of_nodes_to_score: int | None = pct if pct is not None else global_percentage
         self.plugins = instances
@@ -105,5 +123,5 @@ class Framework:
         if point == "queueSort":
             return [self.queue_sort.name] if self.queue_sort else []
         if point == "bind":
-            return [b.name for b in self.binders]
+            return [b.name for b in self.bind_plugins]
         return []

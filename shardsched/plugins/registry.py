@@ -43,6 +43,10 @@ REGISTRY: dict[str, Factory] = {
 #: ``partial_view`` (a shard's table holds only its own nodes; see each plugin's docstring)
 CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME})
 
+#: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
+#: at Permit), as upstream factories take ``framework.Handle``
+WITH_HANDLE = frozenset({defaultbinder.NAME})
+
 #: extension points implemented by each plugin (kube's names)
 EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     schedulinggates.NAME: ("preEnqueue",),

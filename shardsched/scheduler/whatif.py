@@ -27,6 +27,7 @@ from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration, load_config
+from shardsched.framework.interface import Handle
 from shardsched.framework.runtime import Framework
 from shardsched.scheduler.algorithm import GenericScheduler
 
@@ -61,17 +62,18 @@ class SimulationReport:
 
 
 def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int | None,
-                     partial_view: bool = False) -> dict[str, GenericScheduler]:
+                     partial_view: bool = False, handle: Handle | None = None) -> dict[str, GenericScheduler]:
     """One GenericScheduler per profile over a shared table, keyed by schedulerName (first = default).
 
     ``partial_view``: the table holds only part of the cluster (a shard's nodes; `Framework`).
+    ``handle``: the frameworks' `Handle` (where binds go), shared by the profiles.
 
     Raises:
         ConfigError: a profile names a plugin shardsched does not have.
     """
     out = {}
     for i, profile in enumerate(config.profiles):
-        fw = Framework(profile, config.percentage_of_nodes_to_score, partial_view)
+        fw = Framework(profile, config.percentage_of_nodes_to_score, partial_view, handle)
         out[profile.scheduler_name] = GenericScheduler(fw, table, seed=None if seed is None else seed + i)
     return out
 
