@@ -270,6 +270,45 @@ class PodTopologySpreadArgs(PluginArgs):
         return self
 
 
+class NodeLabelArgs(PluginArgs):
+    """Args of NodeLabel (upstream ``NodeLabelArgs`` of v1.22; `shardsched.plugins.nodelabel`).
+
+    Attributes:
+        present_labels: label keys a node must have to pass the Filter.
+        absent_labels: label keys a node must not have to pass the Filter.
+        present_labels_preference: label keys that each score a node 100 when it has them.
+        absent_labels_preference: label keys that each score a node 100 when it lacks them.
+
+    Keys are qualified names (label-key syntax). A key may not be in both lists of a pair
+    (``presentLabels``/``absentLabels``, or the two preferences), as upstream ``ValidateNodeLabelArgs``.
+    """
+
+    present_labels: list[str] = Field(default_factory=list)
+    absent_labels: list[str] = Field(default_factory=list)
+    present_labels_preference: list[str] = Field(default_factory=list)
+    absent_labels_preference: list[str] = Field(default_factory=list)
+
+    @field_validator("present_labels", "absent_labels", "present_labels_preference", "absent_labels_preference")
+    @classmethod
+    def _check_keys(cls, keys: list[str]) -> list[str]:
+        for i, key in enumerate(keys):
+            problem = qualified_name_problem(key)
+            if problem:
+                fail(problem, i)
+        return keys
+
+    @model_validator(mode="after")
+    def _check_conflicts(self) -> "NodeLabelArgs":
+        for present, absent, field in ((self.present_labels, self.absent_labels, "absentLabels"),
+                                       (self.present_labels_preference, self.absent_labels_preference,
+                                        "absentLabelsPreference")):
+            for i, key in enumerate(absent):
+                if key in present:
+                    fail(f"label {key!r} is also in the present list; a label cannot be both present and absent",
+                         field, i)
+        return self
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "InterPodAffinity": InterPodAffinityArgs,
@@ -277,6 +316,7 @@ ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "NodeResourcesFit": NodeResourcesFitArgs,
     "NodeResourcesBalancedAllocation": NodeResourcesBalancedAllocationArgs,
     "NodeAffinity": NodeAffinityArgs,
+    "NodeLabel": NodeLabelArgs,
 }
 
 

@@ -40,6 +40,8 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
     "NodeResourcesBalancedAllocation": ("preScore", "score"),
     "DefaultBinder": ("bind",),
+    # kube v1.22's, removed upstream in v1.23: the worked example of docs/plugins.md, not in the defaults
+    "NodeLabel": ("filter", "score"),
 }
 SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 

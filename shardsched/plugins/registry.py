@@ -13,6 +13,7 @@ from shardsched.framework.interface import Plugin
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
 from shardsched.plugins.interpodaffinity import plugin as interpodaffinity
 from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
+from shardsched.plugins.nodelabel import plugin as nodelabel
 from shardsched.plugins.nodename import plugin as nodename
 from shardsched.plugins.nodeports import plugin as nodeports
 from shardsched.plugins.noderesources import balanced_allocation, fit
@@ -37,6 +38,7 @@ REGISTRY: dict[str, Factory] = {
     interpodaffinity.NAME: interpodaffinity.new,
     balanced_allocation.NAME: balanced_allocation.new,
     defaultbinder.NAME: defaultbinder.new,
+    nodelabel.NAME: nodelabel.new,
 }
 
 #: plugins whose Filter needs every node of the cluster and its pods; their factories also take
@@ -61,4 +63,5 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     interpodaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
     balanced_allocation.NAME: ("preScore", "score"),
     defaultbinder.NAME: ("bind",),
+    nodelabel.NAME: ("filter", "score"),
 }
