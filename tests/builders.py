@@ -159,6 +159,13 @@ class Pod(dict):
         self.spec.setdefault("volumes", []).append({"name": name, **source})
         return self
 
+    def with_resource_claim(self, name: str, template: str) -> "Pod":
+        """A Dynamic Resource Allocation claim: ``spec.resourceClaims`` gets ``name`` (made from the
+        ResourceClaimTemplate ``template``) and the first container uses it (``resources.claims``)."""
+        self.spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimTemplateName": template})
+        self.spec["containers"][0].setdefault("resources", {}).setdefault("claims", []).append({"name": name})
+        return self
+
     def with_gates(self, *names: str) -> "Pod":
         """``spec.schedulingGates`` with these names."""
         self.spec.setdefault("schedulingGates", []).extend({"name": n} for n in names)

@@ -329,12 +329,17 @@ def test_merge_rules(plugins, expected, expected_score):
     assert score(prof) == expected_score
 
 
-ALL_GUARDED = ("VolumeBinding",)
+ALL_GUARDED = ("VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "DynamicResources")
+BUT_VB = ("VolumeRestrictions", "NodeVolumeLimits", "DynamicResources")
 GUARDED_CASES = [
     ("kube-defaults", {}, ALL_GUARDED),
-    ("multipoint-disables-it", {"multiPoint": plugin_set(disabled=["VolumeBinding"])}, ()),
+    ("multipoint-disables-it", {"multiPoint": plugin_set(disabled=["VolumeBinding"])}, BUT_VB),
+    ("multipoint-disables-dra", {"multiPoint": plugin_set(disabled=["DynamicResources"])},
+     ("VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding")),
     ("filter-disables-others", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])}, ALL_GUARDED),
-    ("filter-disables-it", {"filter": plugin_set(disabled=["VolumeBinding"])}, ()),
+    ("filter-disables-it", {"filter": plugin_set(disabled=["VolumeBinding"])}, BUT_VB),
+    ("filter-disables-the-volume-plugins", {"filter": plugin_set(
+        disabled=["VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding"])}, ("DynamicResources",)),
     ("score-disable-keeps-the-filter", {"score": plugin_set(disabled=["VolumeBinding"])}, ALL_GUARDED),
     ("filter-star", {"filter": plugin_set(["NodeResourcesFit"], ["*"])}, ()),
     ("multipoint-star", {"multiPoint": plugin_set(["PrioritySort", "NodeResourcesFit", "DefaultBinder"], ["*"])}, ()),

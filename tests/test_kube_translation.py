@@ -54,13 +54,18 @@ def test_client_models_carry_gates_and_the_constraints_shardsched_refuses():
                 required_during_scheduling_ignored_during_execution=[term])),
             topology_spread_constraints=[k8s.V1TopologySpreadConstraint(
                 max_skew=1, topology_key="zone", when_unsatisfiable="DoNotSchedule")],
+            resource_claims=[k8s.V1PodResourceClaim(name="gpu", resource_claim_template_name="gpu-template")],
             volumes=[k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
-                claim_name="data")), k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource())]))
+                claim_name="data")), k8s.V1Volume(name="tmp", empty_dir=k8s.V1EmptyDirVolumeSource()),
+                k8s.V1Volume(name="disk", gce_persistent_disk=k8s.V1GCEPersistentDiskVolumeSource(pd_name="d"))]))
+    pod.spec.containers[0].resources = k8s.V1ResourceRequirements(claims=[k8s.CoreV1ResourceClaim(name="gpu")])
     info = PodInfo.from_object(to_dict(pod))
     assert info.scheduling_gates == ("example.com/quota",)
     assert (info.required_pod_affinity, info.required_pod_anti_affinity, info.hard_topology_spread) == (
         False, True, True)
     assert info.claim_volumes == ("data",)
+    assert info.disk_volumes == (("disk", "gcePersistentDisk"),)
+    assert info.resource_claims == ("gpu",)
 
 
 def test_node_without_allocatable_has_no_room_and_bad_quantities_are_rejected_clearly():

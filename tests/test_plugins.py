@@ -486,7 +486,7 @@ def test_scheduling_gates_pre_enqueue(p, message):
 
 
 # ------------------------------------------------------------ stand-ins of unimplemented plugins
-VB = "VolumeBinding"
+VB, DRA, VR, NVL = "VolumeBinding", "DynamicResources", "VolumeRestrictions", "NodeVolumeLimits"
 
 
 @pytest.mark.parametrize("plugin, p, what", [
@@ -496,7 +496,18 @@ VB = "VolumeBinding"
     (VB, pod().with_volume("tmp", emptyDir={}).with_volume("scratch", ephemeral={"volumeClaimTemplate": {}}),
      "volumes that need volume binding (scratch)"),
     (VB, pod().with_volume("tmp", emptyDir={}).with_volume("cfg", configMap={"name": "cfg"}), None),
-], ids=["vb-none", "vb-pvc", "vb-ephemeral", "vb-emptydir-configmap"])
+    (DRA, pod(), None),
+    (DRA, pod().with_resource_claim("gpu", "gpu-template"),
+     "resource claims of Dynamic Resource Allocation (gpu)"),
+    (VR, pod().with_volume("disk", gcePersistentDisk={"pdName": "d"}).with_volume("vol", iscsi={
+        "targetPortal": "10.0.0.1:3260", "iqn": "iqn.2001-04.com.example:storage", "lun": 0}),
+     "volumes that need conflict checks (disk: gcePersistentDisk, vol: iscsi)"),
+    (VR, pod().with_volume("disk", azureDisk={"diskName": "d", "diskURI": "u"}), None),
+    (NVL, pod().with_volume("disk", azureDisk={"diskName": "d", "diskURI": "u"}),
+     "volumes that need attach limits (disk: azureDisk)"),
+    (NVL, pod().with_volume("disk", awsElasticBlockStore={"volumeID": "v"}), None),
+], ids=["vb-none", "vb-pvc", "vb-ephemeral", "vb-emptydir-configmap", "dra-none", "dra-claim", "vr-gce-iscsi",
+        "vr-not-azure", "nvl-azure", "nvl-not-ebs"])
 def test_stand_ins_refuse_what_they_cannot_check(plugin, p, what):
     """Required terms are refused (UnschedulableAndUnresolvable, saying what and which plugin);
     preferred ones and pods without the constraint pass (Skip)."""

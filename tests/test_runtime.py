@@ -145,9 +145,9 @@ def test_an_over_full_cluster_reports_the_surplus_as_unschedulable(redis_server)
 
 def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods_bind(redis_server):
     """A PersistentVolumeClaim volume (VolumeBinding: not implemented, enabled in kube's default
-    profile): the pod is refused, not placed in breach; it is kept by the coordinator, counted
-    unschedulable with a message naming the plugin, and gets the PodScheduled=False condition and
-    FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards (the two
+    profile) and a resource claim (DynamicResources, likewise): each pod is refused, not placed in
+    breach; it is kept by the coordinator, counted unschedulable with a message naming the plugin,
+    and gets the PodScheduled=False condition and FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards (the two
     replicas bind on two nodes); DoNotSchedule spread over hostnames, which no shard can check
     alone, binds on the nodes the coordinator nominates: one pod per node, on nodes of both shards."""
     anti1, anti2, claim, plain = uniform_pods(4, cpu="1", scheduler_name=SCHEDULER)
@@ -157,6 +157,9 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
             {"labelSelector": {"matchLabels": {"app": "w"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     claim["metadata"]["name"] = "claim"
     claim["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    [dra] = uniform_pods(1, cpu="1", scheduler_name=SCHEDULER, prefix="dra-")
+    dra["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    dra["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": "gpu"}]
     spread = uniform_pods(4, cpu="100m", scheduler_name=SCHEDULER, prefix="spread-")
     for p in spread:
         p["metadata"]["labels"] = {"app": "s"}
@@ -164,7 +167,7 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
                                                    "whenUnsatisfiable": "DoNotSchedule",
                                                    "labelSelector": {"matchLabels": {"app": "s"}}}]
     with Deployment(redis_server.url, uniform_nodes(4, cpu="2"), shards=2) as d:
-        d.create([anti1, anti2, claim, plain, *spread])
+        d.create([anti1, anti2, claim, dra, plain, *spread])
         status = d.wait_settled()
         inv = d.ask(d.cluster.invariants)
         pods = {p["metadata"]["name"]: p for p in d.ask(d.cluster.list_pods)[0]}
@@ -174,14 +177,17 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
 
     message = ("0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
                "does not implement (plugin VolumeBinding).")
+    dra_message = ("0/4 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), which "
+                   "shardsched does not implement (plugin DynamicResources).")
+    dra_key = f"default/{dra['metadata']['name']}"
     assert pods[plain["metadata"]["name"]]["spec"].get("nodeName")
     assert pods["anti1"]["spec"].get("nodeName") and pods["anti2"]["spec"].get("nodeName")
     assert pods["anti1"]["spec"]["nodeName"] != pods["anti2"]["spec"]["nodeName"]
     assert sorted(pods[p["metadata"]["name"]]["spec"].get("nodeName") or "" for p in spread) == [
         f"node-{i:05d}" for i in range(4)]
-    assert inv["pods_unbound"] == ["default/claim"] and tracked == {"default/claim"}
-    assert status["unschedulable"] == status["pending"] == 1
-    assert reasons == {message: 1}
+    assert sorted(inv["pods_unbound"]) == sorted(["default/claim", dra_key]) and tracked == {"default/claim", dra_key}
+    assert status["unschedulable"] == status["pending"] == 2
+    assert reasons == {message: 1, dra_message: 1}
     [cond] = [c for c in pods["claim"]["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", message)
     assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in events)

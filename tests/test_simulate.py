@@ -342,6 +342,12 @@ CONSTRAINED = [
                   "resources: {requests: {storage: 1Gi}}}}}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (scratch), which "
                        "shardsched does not implement (plugin VolumeBinding).")),
+    ("dra", "resourceClaims: [{name: gpu, resourceClaimTemplateName: gpu-template}]",
+     ("Unschedulable", "0/2 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), "
+                       "which shardsched does not implement (plugin DynamicResources).")),
+    ("disk", "volumes: [{name: disk, gcePersistentDisk: {pdName: disk-1}}]",
+     ("Unschedulable", "0/2 nodes are available: pod has volumes that need conflict checks (disk: "
+                       "gcePersistentDisk), which shardsched does not implement (plugin VolumeRestrictions).")),
     ("gated", "schedulingGates: [{name: example.com/quota}, {name: example.com/ready}]",
      ("Gated", "waiting for scheduling gates: [example.com/quota example.com/ready]")),
     ("hard-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "
@@ -364,7 +370,7 @@ kind: KubeSchedulerConfiguration
 profiles:
 - plugins:
     multiPoint:
-      disabled: [{name: InterPodAffinity}, {name: VolumeBinding}]
+      disabled: [{name: InterPodAffinity}, {name: VolumeBinding}, {name: DynamicResources}, {name: VolumeRestrictions}]
     filter:
       disabled: [{name: PodTopologySpread}]
     preEnqueue:
@@ -408,6 +414,35 @@ def test_constraints_are_kept_or_refused_never_breached(constrained_runs, profil
         assert got["node"] in ("a1", "b1")
     else:
         assert (got["node"], got["reason"]) == (None, reason)
+
+
+DRA_POD = """
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: %s}
+    spec:
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: single-gpu}]
+      containers:
+      - {name: c, image: registry.k8s.io/pause:3.10, resources: {requests: {cpu: 100m}, claims: [{name: %s}]}}
+    ---"""
+
+
+def test_a_pod_with_resource_claims_is_held_with_the_plugins_name(tmp_path):
+    """Dynamic Resource Allocation (on by default since kube 1.34): on a cluster without devices
+    kube-scheduler keeps the pod pending; shardsched, which does not allocate claims, holds it
+    with the plugin's name instead of placing it. A container claim naming no pod claim is refused
+    as the API server refuses it (exit 2), the rest still simulated."""
+    run = simulate(tmp_path, node("n1") + DRA_POD % ("trainer", "gpu") + DRA_POD % ("typo", "gpus") + pod("plain"),
+                   "-o", "json")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert (f"{tmp_path / 'in.yaml'}#3: invalid Pod: spec.containers[0].resources.claims[0]: 'gpus' not found: "
+            "must be one of the names in pod.spec.resourceClaims: gpu") in run.stderr
+    out = by_key(json.loads(run.stdout))
+    assert set(out) == {"default/trainer", "default/plain"}
+    assert (out["default/trainer"]["status"], out["default/trainer"]["reason"]) == (
+        "Unschedulable", "0/1 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), "
+                         "which shardsched does not implement (plugin DynamicResources).")
+    assert out["default/plain"]["status"] == "Scheduled"
 
 
 def test_a_document_nested_too_deeply_is_an_error_not_a_traceback(tmp_path):

@@ -305,6 +305,44 @@ def _claim_volumes(items: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: Inline volume sources that kube's default volume plugins check against other pods or node limits:
+#: VolumeRestrictions' conflicts (``needsRestrictionsCheck``) and NodeVolumeLimits' counts of in-tree
+#: volumes migrated to CSI drivers; source key -> plugin, in kube's default order of the plugins.
+DISK_VOLUME_SOURCES: dict[str, str] = {
+    "gcePersistentDisk": "VolumeRestrictions", "awsElasticBlockStore": "VolumeRestrictions",
+    "rbd": "VolumeRestrictions", "iscsi": "VolumeRestrictions",
+    "azureDisk": "NodeVolumeLimits", "cinder": "NodeVolumeLimits", "vsphereVolume": "NodeVolumeLimits",
+    "portworxVolume": "NodeVolumeLimits",
+}
+
+
+def _disk_volumes(items: Any) -> tuple[tuple[str, str], ...]:
+    """(volume name, source key) of the volumes with a source of `DISK_VOLUME_SOURCES`, in order
+    (``spec.volumes`` is checked to be a list of objects by `_claim_volumes`)."""
+    out = []
+    for i, v in enumerate(items or ()):
+        for source in DISK_VOLUME_SOURCES:
+            if v.get(source) is not None:
+                out.append((str(v.get("name") or f"volumes[{i}]"), source))
+    return tuple(out)
+
+
+def _resource_claims(items: Any) -> tuple[str, ...]:
+    """Names of ``spec.resourceClaims`` (Dynamic Resource Allocation; upstream DynamicResources'
+    PreFilter skips a pod without any)."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidObjectError("resourceClaims must be a list", "spec.resourceClaims")
+    out = []
+    for i, claim in enumerate(items):
+        name = claim.get("name") if isinstance(claim, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidObjectError("a resource claim needs a name", f"spec.resourceClaims[{i}].name")
+        out.append(name)
+    return tuple(out)
+
+
 @dataclass(slots=True)
 class PodInfo:
     """Scheduling view of a Pod (kube's ``PodInfo``), all units canonical.
@@ -319,6 +357,9 @@ class PodInfo:
         spread_constraints: its ``spec.topologySpreadConstraints``, ``matchLabelKeys`` merged.
         claim_volumes: names of its volumes that need volume binding (``persistentVolumeClaim``,
             ``ephemeral``).
+        disk_volumes: (name, source) of its inline volumes that VolumeRestrictions or
+            NodeVolumeLimits check (`DISK_VOLUME_SOURCES`).
+        resource_claims: names of its ``spec.resourceClaims`` (Dynamic Resource Allocation).
         nominated_node_name: the node the coordinator chose for this pod over the whole cluster,
             for a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``):
             the shard places the pod there or hands it back. Not read from the object.
@@ -346,6 +387,8 @@ class PodInfo:
     pod_affinity: PodAffinity
     spread_constraints: tuple[SpreadConstraint, ...]
     claim_volumes: tuple[str, ...]
+    disk_volumes: tuple[tuple[str, str], ...]
+    resource_claims: tuple[str, ...]
     labels: dict[str, str]
     creation_timestamp: str
     nominated_node_name: str = ""
@@ -459,6 +502,8 @@ class PodInfo:
             pod_affinity=parse_pod_affinity(affinity, namespace),
             spread_constraints=parse_spread_constraints(spec.get("topologySpreadConstraints"), labels),
             claim_volumes=_claim_volumes(spec.get("volumes")),
+            disk_volumes=_disk_volumes(spec.get("volumes")),
+            resource_claims=_resource_claims(spec.get("resourceClaims")),
             labels=labels,
             creation_timestamp=str(meta.get("creationTimestamp") or ""),
             obj=obj,
@@ -469,7 +514,8 @@ class PodInfo:
     def compute_signature(self) -> str:
         """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
         ``spec.nodeName`` (the NodeName filter depends on it), the scheduling gates, the volumes
-        that need binding, and what InterPodAffinity and PodTopologySpread read of the pod itself
+        that need binding or a volume plugin's check, the resource claims, and what InterPodAffinity
+        and PodTopologySpread read of the pod itself
         (namespace, labels, pod affinity terms, spread constraints), and the nominated node."""
         parts = (
             self.node_name,
@@ -484,6 +530,8 @@ class PodInfo:
             self.scheduler_name,
             self.scheduling_gates,
             self.claim_volumes,
+            self.disk_volumes,
+            self.resource_claims,
             # InterPodAffinity and PodTopologySpread read the pod's own namespace, labels and terms
             self.namespace,
             sorted(self.labels.items()),

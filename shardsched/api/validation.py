@@ -13,7 +13,9 @@ rejects answers a question nobody can ask a cluster. The rules are those of k8s.
   limit; extended resources and hugepages cannot be overcommitted, so a request needs a limit and
   must equal it; extended resources are whole numbers (``ValidateResourceQuantityValue``);
 - pod-level resources (``spec.resources``): cpu, memory and hugepages only, requests within limits;
-- scheduling gates: each name a qualified name (``validateSchedulingGates``).
+- scheduling gates: each name a qualified name (``validateSchedulingGates``);
+- a container's resource claims name claims of the pod's ``spec.resourceClaims``
+  (``validateResourceClaimNames``).
 
 Problems are ``(field path, message)`` pairs, every problem of an object at once, as the API server
 answers a create with all of its field errors.
@@ -232,6 +234,20 @@ def pod_level_resources_problems(resources: Any, path: str = "spec.resources") -
     return problems
 
 
+def container_claims_problems(resources: Any, pod_claims: list[str], path: str) -> Problems:
+    """Problems of one container's ``resources.claims``: each names one of the pod's
+    ``spec.resourceClaims`` (``pod_claims``, sorted), as upstream ``validateResourceClaimNames``."""
+    claims = resources.get("claims") if isinstance(resources, Mapping) else None
+    problems: Problems = []
+    for i, claim in enumerate(claims if isinstance(claims, list) else ()):
+        name = claim.get("name") if isinstance(claim, Mapping) else None
+        if isinstance(name, str) and name and name not in pod_claims:
+            names = f": {', '.join(pod_claims)}" if pod_claims else " which is empty"
+            problems.append((f"{path}.claims[{i}]", f"{name!r} not found: must be one of the names in "
+                                                    f"pod.spec.resourceClaims{names}"))
+    return problems
+
+
 def pod_problems(pod: Mapping[str, Any]) -> Problems:
     """Everything the API server would refuse in a Pod's name, namespace and resources (see the
     module docstring); [] for a valid pod. Malformed shapes (a spec that is not an object, ...) are
@@ -248,13 +264,18 @@ def pod_problems(pod: Mapping[str, Any]) -> Problems:
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return problems
+    claims = spec.get("resourceClaims")
+    claim_names = sorted({c.get("name") for c in claims if isinstance(c, Mapping) and isinstance(c.get("name"), str)}
+                         if isinstance(claims, list) else ())
     for field in ("initContainers", "containers"):
         containers = spec.get(field)
         if not isinstance(containers, list):
             continue
         for i, container in enumerate(containers):
             if isinstance(container, Mapping):
-                problems += container_resources_problems(container.get("resources"), f"spec.{field}[{i}].resources")
+                path = f"spec.{field}[{i}].resources"
+                problems += container_resources_problems(container.get("resources"), path)
+                problems += container_claims_problems(container.get("resources"), claim_names, path)
     problems += pod_level_resources_problems(spec.get("resources"))
     gates = spec.get("schedulingGates")
     for i, gate in enumerate(gates if isinstance(gates, list) else ()):

@@ -35,7 +35,7 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
     (kube-scheduler would retry an unschedulable pod when the cluster changes, e.g. once a pod it
     is affine to binds) and is Scheduled, Unschedulable (with kube's "0/N nodes are available"
     message; this includes pods refused because they need a plugin shardsched does not
-    implement: volumes to bind), Gated (spec.schedulingGates set: not placed) or Skipped (being
+    implement: volumes to bind or to check, resource claims), Gated (spec.schedulingGates set: not placed) or Skipped (being
     deleted, or terminal).
 
     \b

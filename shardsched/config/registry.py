@@ -54,14 +54,19 @@ UNIMPLEMENTED_PLUGINS = frozenset({
     "DefaultPreemption", "DynamicResources",
 })
 
-#: Plugins of kube v1.28's default set that shardsched does not implement but whose hard
-#: constraints it keeps, and the extension points of their Go types. While a profile leaves one
-#: enabled at ``filter`` (kube's default does), a pod that needs it (a volume to bind) is rejected as
-#: UnschedulableAndUnresolvable by a stand-in PreFilter (`shardsched.plugins.unimplemented`) rather
+#: Plugins of kube's default set (v1.28's, and DynamicResources of v1.34's) that shardsched does not
+#: implement but whose hard constraints it keeps, and the extension points of their Go types. While
+#: a profile leaves one enabled at ``filter`` (kube's default does), a pod that needs it (an inline
+#: disk, a volume to bind, a resource claim) is rejected as UnschedulableAndUnresolvable by a
+#: stand-in PreFilter (`shardsched.plugins.unimplemented`) rather
 #: than placed in breach. A profile that disables it (by name or ``"*"``, at ``multiPoint`` or
 #: ``filter``) schedules such pods without the constraint, as kube-scheduler does then.
 GUARDED_PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
+    "VolumeRestrictions": ("preFilter", "filter"),
+    "NodeVolumeLimits": ("filter",),
     "VolumeBinding": ("preFilter", "filter", "reserve", "preBind", "preScore", "score"),
+    # in kube's default set since v1.34 (Dynamic Resource Allocation on by default), appended last
+    "DynamicResources": ("preEnqueue", "preFilter", "filter", "postFilter", "reserve", "preBind"),
 }
 
 
