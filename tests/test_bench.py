@@ -1,4 +1,4 @@
-"""Smoke tests of ``shardsched bench field|perf|scaling`` at tiny sizes: every row runs, every pod is
+"""Smoke tests of ``shardsched bench decision|field|perf|scaling`` at tiny sizes: every row runs, every pod is
 bound, the invariants hold, and the JSON is well formed. No timing assertions: the figures are the
 benchmark's business (docs/benchmarks.md), not the tests'."""
 
@@ -33,6 +33,22 @@ def _roundtrip(data: dict) -> dict:
 ], ids=["thousands", "spaces", "zero", "fraction"])
 def test_int_lists(text, expected):
     assert parse_int_list(text) == expected
+
+
+def test_bench_decision_says_why_pods_were_not_scheduled():
+    """The distinct workload's unschedulable pods are counted by the plugins that rejected them,
+    with the reason they exist (the workload's construction), in the table and in the JSON."""
+    args = ["bench", "decision", "--nodes", "100", "--pods", "50", "--distinct", "400", "--repeat", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(CliRunner().invoke(cli, args + ["-o", "json"]).output)
+    distinct = {r["workload"]: r for r in data["results"]}["distinct"]
+    not_scheduled = distinct["pods"] - distinct["scheduled"]
+    assert not_scheduled > 0 and distinct["unscheduled_by"] == {"TaintToleration, NodeAffinity": not_scheduled}
+    assert f"distinct: {not_scheduled} of 400 pods not scheduled; every node was rejected for them" in result.output
+    assert (f"  {not_scheduled} by TaintToleration, NodeAffinity (zones z0 and z5 hold only tainted nodes, and these "
+            "pods select one of them without its toleration)") in result.output
+    assert "one-signature:" not in result.output  # every one of those pods was scheduled
 
 
 @pytest.mark.parametrize("text", ["", "a,b", ","], ids=["empty", "letters", "only-comma"])

@@ -40,6 +40,63 @@ class Quantity(click.ParamType):
         return value
 
 
+class FiniteFloat(click.FloatRange):
+    """A float within ``min``..``max`` (click's `FloatRange` arguments) that is also finite: ``nan``
+    (which every comparison lets through) and ``inf`` are usage errors (exit 2) naming the option,
+    as a value out of range is."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def check_port_free(option: str, port: int, addr: str = "127.0.0.1") -> None:
+    """Check that a server could listen on ``addr:port`` now (bound with ``SO_REUSEADDR``, as
+    Python's HTTP servers bind), before anything else starts, rather than once Ray is up.
+
+    Raises:
+        ShardschedError: the port is taken or cannot be bound (message: the option, port, reason).
+    """
+    import socket
+
+    from shardsched.errors import ShardschedError
+
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as e:
+            raise ShardschedError(f"{option} {port}: {e.strerror or e} ({addr}:{port})") from None
+
+
+#: ``--max-batch-size``'s help, in every command that has it
+MAX_BATCH_SIZE_HELP = "Most pods a shard takes into one batch (with --batch-size 0, adaptive)."
+#: ``--seed``'s help in the commands that run shards
+SEED_HELP = "Seeds the random choices: between nodes of equal score, and the simulated API's bind errors and pod uids."
+
+#: columns of a table printed to a file or a pipe (rich's default there is 80, which wraps it)
+PIPE_WIDTH = 160
+
+
+def output_console():
+    """The rich Console for a command's tables on stdout: the terminal's width on a terminal,
+    ``$COLUMNS`` when set, else `PIPE_WIDTH` columns."""
+    import os
+
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=PIPE_WIDTH)
+    return console
+
+
 def check_redis(url: str) -> None:
     """PING the Redis at ``url`` once, with a 2 s connect timeout and no retries.
 

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from shardsched.cli import MAX_BATCH_SIZE_HELP, SEED_HELP, FiniteFloat, Quantity, output_console
+
 
 @click.group()
 def bench() -> None:
@@ -26,11 +28,12 @@ def bench() -> None:
 
 
 @bench.command()
-@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True)
+@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True,
+              help="Nodes (8 CPU / 16Gi, a third of them tainted) the pods are decided against.")
 @click.option("--pods", type=click.IntRange(1), default=20000, show_default=True, help="Pods of the one-signature workload.")
 @click.option("--distinct", type=click.IntRange(1), default=5000, show_default=True, help="Pods of the all-distinct workload.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Runs per workload; the best is reported.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the distinct workload and the tie-breaks.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def decision(nodes: int, pods: int, distinct: int, repeat: int, seed: int, config_path: str | None, output: str) -> None:
@@ -46,7 +49,6 @@ def decision(nodes: int, pods: int, distinct: int, repeat: int, seed: int, confi
     if output == "json":
         click.echo(json.dumps({"results": [r.to_json() for r in results], "peak_rss_bytes": peak}, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"decision path, {nodes} nodes, one process (best of {repeat})")
@@ -54,8 +56,15 @@ def decision(nodes: int, pods: int, distinct: int, repeat: int, seed: int, confi
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(r.workload, str(r.pods), str(r.scheduled), f"{r.decisions_per_s:,.0f}", f"{r.best_s:.3f} s")
-    console = Console()
+    console = output_console()
     console.print(table)
+    for r in results:
+        if r.unscheduled_by:
+            console.print(f"{r.workload}: {r.pods - r.scheduled:,} of {r.pods:,} pods not scheduled; every node was "
+                          "rejected for them", highlight=False)
+            for plugins, n in r.unscheduled_by.items():
+                why = f" ({mod.BY_CONSTRUCTION[plugins]})" if plugins in mod.BY_CONSTRUCTION else ""
+                console.print(f"  {n:,} by {plugins}{why}", highlight=False)
     console.print(f"peak RSS of this process: {peak / 2**20:.0f} MiB")
 
 
@@ -110,23 +119,25 @@ def _fail(e: Exception) -> None:
 
 
 @bench.command()
-@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True)
-@click.option("--node-cpu", default="8", show_default=True)
-@click.option("--node-memory", default="16Gi", show_default=True)
+@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True, help="Nodes of the simulated cluster.")
+@click.option("--node-cpu", type=Quantity("cpu"), default="8", show_default=True, help="Allocatable CPU per node.")
+@click.option("--node-memory", type=Quantity("memory"), default="16Gi", show_default=True,
+              help="Allocatable memory per node.")
 @click.option("--pods", type=click.IntRange(1), default=20000, show_default=True, help="Pods in each row's burst.")
-@click.option("--pod-cpu", default="1", show_default=True)
-@click.option("--pod-memory", default="1Gi", show_default=True)
+@click.option("--pod-cpu", type=Quantity("cpu"), default="1", show_default=True, help="CPU request per pod.")
+@click.option("--pod-memory", type=Quantity("memory"), default="1Gi", show_default=True, help="Memory request per pod.")
 @click.option("--row-pods", multiple=True, callback=_row_pods, metavar="ROW=PODS",
               help="Burst size for one row instead of --pods (repeatable), e.g. --row-pods single=5000.")
 @click.option("--rows", help="Comma-separated rows to run (default: all): kube-like, single, batch-10, batch-auto, shards-N.")
 @click.option("--shards", "shard_counts", default="1,2,4", show_default=True, callback=_int_list,
               help="N of the shards-N rows.")
-@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
-@click.option("--bind-latency-ms", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
+@click.option("--bind-latency-ms", type=FiniteFloat(0), default=0.0, show_default=True,
               help="Simulated API answer time per bind call, for every row (kube-like pays it per pod).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per row.")
+@click.option("--seed", type=int, default=0, show_default=True, help=SEED_HELP)
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=600.0, show_default=True,
+              help="Give up on a row after this many seconds.")
 @click.option("--profile-dir", type=click.Path(file_okay=False),
               help="Run py-spy (-f raw) on every process of each row, write the files here and add a "
                    "'where the time goes' section (profiled figures are slower: quote the shares, not the rates).")
@@ -173,12 +184,13 @@ def field(**kw) -> None:
                    "test/integration/scheduler_perf: one subfolder per test with its performance-config.yaml and "
                    "the templates it names. Default: $SHARDSCHED_SCHEDULER_PERF_DIR, else shared/data/scheduler_perf "
                    "beside the folder holding this shardsched checkout (not the working directory).")
-@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shard actors of each workload's run.")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True, help="0 = adaptive.")
-@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Per workload.")
+@click.option("--seed", type=int, default=0, show_default=True, help=SEED_HELP)
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=900.0, show_default=True,
+              help="Give up on a workload after this many seconds.")
 @_output_options
 def perf(**kw) -> None:
     """kube-scheduler's scheduler_perf workloads that shardsched's plugins can express.
@@ -234,10 +246,11 @@ def perf(**kw) -> None:
 @click.option("--base-nodes", type=click.IntRange(1), default=5000, show_default=True,
               help="Nodes of the shards and batch sweeps.")
 @click.option("--base-shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shards of the nodes sweep.")
-@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="Per point.")
+@click.option("--seed", type=int, default=0, show_default=True, help=SEED_HELP)
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=900.0, show_default=True,
+              help="Give up on a point after this many seconds.")
 @_output_options
 def scaling(**kw) -> None:
     """Throughput and P99 latency vs nodes and vs shards; pods/s vs batch size.

@@ -10,7 +10,8 @@ import sys
 
 import click
 
-from shardsched.cli import Quantity, autoscale_options, autoscaler_from, check_ray_address, check_redis, redis_url_option
+from shardsched.cli import (FiniteFloat, Quantity, autoscale_options, autoscaler_from, check_port_free, check_ray_address,
+                            MAX_BATCH_SIZE_HELP, SEED_HELP, check_redis, output_console, redis_url_option)
 from shardsched.errors import ConfigError, ShardschedError
 
 #: exit statuses of ``run`` (its --help and the README list them)
@@ -81,25 +82,29 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @autoscale_options(autoscale_note=" (--shards is the count at start)")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
               help="Pods per batch; 0 = adaptive (everything ready, up to --max-batch-size).")
-@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True,
+              help=MAX_BATCH_SIZE_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="KubeSchedulerConfiguration file; pods use its first profile's schedulerName.")
 @click.option("--trace", "trace_pods", type=click.Path(dir_okay=False),
               help="Replay a pod list of the Alibaba GPU trace (CSV) instead of the burst.")
 @click.option("--trace-nodes", type=click.Path(dir_okay=False),
               help="Node list of the Alibaba GPU trace (CSV); required with --trace.")
-@click.option("--trace-limit", type=click.IntRange(1), default=None, help="Replay only the first N trace pods.")
-@click.option("--time-scale", type=click.FloatRange(0, min_open=True), default=None,
-              help="Trace time compression: trace seconds per replay second (default: the trace's span over "
+@click.option("--trace-limit", type=click.IntRange(1), default=None,
+              help="With --trace: replay only the first N trace pods.")
+@click.option("--time-scale", type=FiniteFloat(0, min_open=True), default=None,
+              help="With --trace: time compression, trace seconds per replay second (default: the trace's span over "
                    f"{TRACE_REPLAY_TARGET_S:g} s, at least 1000; the run says how long the replay takes).")
 @click.option("--redis-url", callback=redis_url_option, help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on 127.0.0.1:PORT.")
-@click.option("--bind-latency-ms", type=float, default=0.0, show_default=True, help="Simulated API latency per bind call.")
-@click.option("--bind-error-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--bind-latency-ms", type=FiniteFloat(0), default=0.0, show_default=True,
+              help="Simulated API latency per bind call.")
+@click.option("--bind-error-rate", type=FiniteFloat(0, 1), default=0.0, show_default=True,
               help="Fraction of binds answered 500 by the simulated API.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+@click.option("--seed", type=int, default=0, show_default=True,
+              help=SEED_HELP)
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=600.0, show_default=True,
               help="Give up after this many seconds of scheduling (exit status 4 when pods are still pending).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=_plot_path,
@@ -180,6 +185,8 @@ def _prepare(kw: dict):
         config = load_config(kw["config_path"])
         nodes, workload, notes = _workload(kw, config.profiles[0].scheduler_name)
         autoscaler = autoscaler_from(kw)
+        if kw["metrics_port"]:
+            check_port_free("--metrics-port", kw["metrics_port"])
         if kw["redis_url"]:
             check_redis(kw["redis_url"])
         check_ray_address(kw["ray_address"])
@@ -262,6 +269,11 @@ def _workload(kw, scheduler_name: str):
     from shardsched.sim.workload import uniform_nodes, uniform_pods
 
     notes: list[str] = []
+    if not kw["trace_pods"]:
+        for option in ("trace_limit", "time_scale"):
+            if kw[option] is not None:
+                raise click.UsageError(f"--{option.replace('_', '-')} goes with --trace: give --trace and --trace-nodes, "
+                                       "or leave it out")
     if kw["trace_pods"] or kw["trace_nodes"]:
         if not (kw["trace_pods"] and kw["trace_nodes"]):
             raise click.UsageError("--trace and --trace-nodes go together: give both")
@@ -295,11 +307,10 @@ def _execute(cls, config, nodes, workload, options, show_progress: bool):
 
 
 def _print_summary(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     data = report.to_json()
-    console = Console()
+    console = output_console()
     lat = data["latency_ms"]
     table = Table(title=f"shardsched run: {data['nodes']} nodes, {data['pods_total']} pods, {report.shards_label} shards")
     for col in ("", "avg latency", "P99 latency", "pods/s", "CPU cores", "memory"):

@@ -18,7 +18,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from shardsched.cli import autoscale_options, autoscaler_from, redis_url_option
+from shardsched.cli import MAX_BATCH_SIZE_HELP, autoscale_options, autoscaler_from, redis_url_option
 from shardsched.errors import ConfigError, PermanentError, ShardschedError, TemporaryError
 
 log = logging.getLogger("shardsched.serve")
@@ -200,7 +200,7 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
               help="Seconds one watch call lasts before it is renewed (randomized up to 2x).")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
               help="Pods per batch; 0 = adaptive.")
-@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
 @click.option("--bench", "bench_pods", type=click.IntRange(1), default=None,
               help="Benchmark: create this many pods, measure bound pods/s and latency next to the API "
                    "server's own binding rate from one client (measured before and after shardsched's "
@@ -245,6 +245,9 @@ def serve(**kw) -> None:
     from shardsched.kube.runtime import KubeRuntime, RuntimeOptions
     from shardsched.sharding.shard import ShardOptions
 
+    # serve's own progress (where it serves, candidate, leader) is INFO, shown without -v as
+    # kube-scheduler shows its Info lines; other loggers keep the level of -v
+    log.setLevel(min(logging.INFO, logging.getLogger().getEffectiveLevel()))
     try:
         config = load_config(kw["config_path"]) if kw["config_path"] else parse_config(DEFAULT_PROFILE, "<serve default>")
         autoscaler = autoscaler_from(kw)
@@ -312,7 +315,7 @@ def serve(**kw) -> None:
         except OSError as e:
             click.echo(f"error: --metrics-port {kw['metrics_port']}: {e.strerror or e}", err=True)
             sys.exit(EXIT_CONFIG)
-        log.warning("serving /metrics, /healthz, /readyz on %s:%d", kw["metrics_address"], server.server_address[1])
+        log.info("serving /metrics, /healthz, /readyz on %s:%d", kw["metrics_address"], server.server_address[1])
 
     probe = KubeCluster(spec, names)
     elector = None
@@ -334,7 +337,7 @@ def serve(**kw) -> None:
             sys.exit(EXIT_CONFIG)
         if _wait_for_permissions(probe, (lease_ns, lease_name), state, stop):
             state.phase, state.reason = "standby", ""
-            log.warning("leader election: %s is a candidate for Lease %s/%s", identity, lease_ns, lease_name)
+            log.info("leader election: %s is a candidate for Lease %s/%s", identity, lease_ns, lease_name)
             elector.start()
     else:
         become_leader.set()
@@ -358,7 +361,7 @@ def serve(**kw) -> None:
                     log.warning("bench: null run: the baseline's client binds the backlog in shardsched's place%s",
                                 " (with a scheduler's watches)" if kw["bench_null_watch"] else "")
                 else:
-                    log.warning("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
+                    log.info("scheduling pods of %s (%d shards, %s mode)", ", ".join(names), kw["shards"], kw["mode"])
                 if bench is not None:
                     code = _bench_report(bench, report, started_at, kw, runtime, spec.qps)
                     bench = None
