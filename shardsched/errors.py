@@ -55,10 +55,6 @@ class PermanentError(ShardschedError):
     """A fault that retrying will not fix (RBAC denied, invalid object rejected by the server)."""
 
 
-class LeaseLostError(TemporaryError):
-    """This shard no longer holds the lease of a pod (it expired or was taken over)."""
-
-
 class FencedOffError(PermanentError):
     """This shard's fencing token or shard-map epoch is stale: another owner took over."""
 

@@ -21,6 +21,7 @@ from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import FilterPlugin
 from shardsched.framework.runtime import Framework
+from shardsched.plugins.registry import IN_TREE
 
 _uids = itertools.count()
 
@@ -264,7 +265,7 @@ def default_framework(percentage: int | None = None, partial_view: bool = False)
         profile = _fallback_profile()
     else:
         profile = load_config(None).profiles[0]
-    return Framework(profile, percentage, partial_view)
+    return Framework(profile, IN_TREE, percentage, partial_view)
 
 
 def pod_info(p) -> PodInfo:

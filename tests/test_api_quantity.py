@@ -4,8 +4,11 @@ and rejected (with the field path) where the API server would reject them."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes.utils import parse_quantity
 
-from shardsched.api.quantity import canonical_quantity, format_quantity, parse_resource_list
+from shardsched.api.quantity import _decimal, canonical_quantity, format_quantity, parse_resource_list
 from shardsched.errors import InvalidObjectError
 
 GI = 2**30
@@ -102,3 +105,19 @@ def test_resource_list_names_the_entry_path():
 def test_format_round_trips(name, value, text):
     assert format_quantity(name, value) == text
     assert canonical_quantity(name, text) == value
+
+
+#: quantities of apimachinery's grammar: sign, digits with an optional fraction, then a suffix
+_quantities = st.builds(
+    lambda sign, whole, frac, suffix: f"{sign}{whole}{frac}{suffix}",
+    st.sampled_from(["", "+"]), st.from_regex(r"[0-9]{1,6}", fullmatch=True),
+    st.sampled_from(["", ".", ".5", ".125", ".0001"]),
+    st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E",
+                     "e3", "E-2", "e+1", "e0"]))
+
+
+@given(_quantities)
+def test_exact_value_is_the_kubernetes_clients(text):
+    """The core's own parse of a quantity of the grammar gives the kubernetes client's
+    ``parse_quantity`` value (the core does not import the client)."""
+    assert _decimal(text) == parse_quantity(text)

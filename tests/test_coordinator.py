@@ -427,16 +427,15 @@ def test_a_packing_profile_fills_nodes_across_shards_in_kube_schedulers_order(le
 
 
 def test_which_profiles_pack():
-    """`_packs`: MostAllocated, and RequestedToCapacityRatio whose shape rises with utilization
+    """`Framework.packs`: MostAllocated, and RequestedToCapacityRatio whose shape rises with utilization
     (kube's bin-packing example); not the default LeastAllocated nor a falling shape."""
-    from shardsched.sharding.coordinator import _packs
     from shardsched.scheduler.whatif import build_schedulers
     from shardsched.cache.node_table import NodeTable
 
     def packs(args: str) -> bool:
         config = load_config("apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
                              "profiles:\n- schedulerName: p\n" + args)
-        return _packs(build_schedulers(config, NodeTable(), seed=0)["p"])
+        return build_schedulers(config, NodeTable(), seed=0)["p"].framework.packs
 
     rtcr = ("  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      scoringStrategy:\n"
             "        type: RequestedToCapacityRatio\n        requestedToCapacityRatio:\n          shape:\n"

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardsched.api.objects import PodInfo
+from shardsched.plugins.queuesort.plugin import PrioritySort
 from shardsched.queue import (
     ACTIVE_Q,
     ASSIGNED_POD_DELETE,
@@ -43,7 +44,7 @@ def make_pod(name: str, priority: int = 0, *, namespace: str = "default", uid: s
 
 def make_queue(**kwargs) -> tuple[SchedulingQueue, FakeClock]:
     clock = FakeClock(1000.0)
-    return SchedulingQueue(clock, **kwargs), clock
+    return SchedulingQueue(clock, **{"sort_key": PrioritySort().sort_key, **kwargs}), clock
 
 
 def where(q: SchedulingQueue, key: str) -> str | None:
@@ -97,7 +98,7 @@ def test_activeq_orders_by_timestamp_not_by_entry_time():
     clock.advance(4)
     q.add(make_pod("y"))
     clock.advance(15)
-    assert q.move_all_to_active_or_backoff(NODE_ADD) == 1
+    assert q.move_all_to_active_or_backoff_queue(NODE_ADD) == 1
     assert [p.pod_info.name for p in q.pop_batch(10)] == ["x", "y"]
 
 
@@ -190,7 +191,7 @@ def test_event_moves_unschedulable_pods(event, wait_s, expected):
     fail(q, "default/a")
     assert where(q, "default/a") == UNSCHEDULABLE_Q
     clock.advance(wait_s)
-    assert q.move_all_to_active_or_backoff(event) == 1
+    assert q.move_all_to_active_or_backoff_queue(event) == 1
     assert where(q, "default/a") == expected
     assert q.incoming_counts()[(expected, event)] == 1
 
@@ -248,7 +249,7 @@ def test_failed_pod_destination(steps, backoff, expected):
         if step == "pop":
             (qpi,) = q.pop_batch(1)
         elif step == "event":
-            q.move_all_to_active_or_backoff(NODE_ADD)
+            q.move_all_to_active_or_backoff_queue(NODE_ADD)
         elif step == "update-selector":
             q.update(make_pod("a", uid="u", node_selector={"zone": "b"}))
         elif step == "update-annotations":
@@ -306,7 +307,7 @@ def test_give_up_hook_called_once_and_pod_kept(backoff):
         if attempt >= 3:
             assert where(q, "default/a") == UNSCHEDULABLE_Q  # kept, not dropped
         clock.advance(20)
-        q.move_all_to_active_or_backoff(NODE_UPDATE)
+        q.move_all_to_active_or_backoff_queue(NODE_UPDATE)
     assert reported[0].key == "default/a" and reported[0].gave_up
     assert reported[0].last_failure_reason == "0/3 nodes are available"
 
@@ -337,7 +338,7 @@ def test_delete_from_each_sub_queue(place):
     assert not q.delete("default/a")
     assert "default/a" not in q
     clock.advance(400)
-    q.move_all_to_active_or_backoff(NODE_ADD)
+    q.move_all_to_active_or_backoff_queue(NODE_ADD)
     assert [p.key for p in q.pop_batch(10)] == ["default/b"]
 
 
@@ -458,7 +459,7 @@ def test_next_ready_in_s():
 )
 def test_invalid_arguments(kwargs):
     with pytest.raises(ValueError):
-        SchedulingQueue(FakeClock(), **kwargs)
+        SchedulingQueue(FakeClock(), sort_key=PrioritySort().sort_key, **kwargs)
 
 
 def test_fake_clock_never_goes_back():
@@ -526,7 +527,7 @@ def test_property_pop_order_and_no_pod_lost(ops):
             q.done(qpi.key)
             del live[qpi.key]
         elif op == "event":
-            q.move_all_to_active_or_backoff(ASSIGNED_POD_DELETE)
+            q.move_all_to_active_or_backoff_queue(ASSIGNED_POD_DELETE)
         elif op == "delete" and live:
             key = list(live)[arg % len(live)]
             assert q.delete(key)

@@ -429,11 +429,6 @@ class PodInfo:
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
-    @property
-    def counts_on_node(self) -> bool:
-        """True if this pod uses its node's resources: bound and not Succeeded/Failed."""
-        return self.bound and not self.terminal
-
     @classmethod
     def from_object(cls, obj: Any, priority_classes: Mapping[str, int] | None = None,
                     default_priority: int = 0) -> "PodInfo":
@@ -540,17 +535,6 @@ class PodInfo:
             self.nominated_node_name,
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
-
-    def static_signature(self) -> str:
-        """Signature of the parts that depend only on static node attributes (labels, taints, cordon)."""
-        parts = (
-            sorted(self.node_selector.items()),
-            None if self.required_terms is None else [(t.match_expressions, t.match_fields) for t in self.required_terms],
-            [(w, t.match_expressions, t.match_fields) for w, t in self.preferred_terms],
-            sorted((t.key, t.operator, t.value, t.effect) for t in self.tolerations),
-        )
-        return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
-
 
 @dataclass(slots=True)
 class NodeInfo:

@@ -1,7 +1,9 @@
 """Kubernetes quantities in canonical integer units.
 
-Parsing is done by the kubernetes client's ``parse_quantity``; this module only decides the unit of
-each resource and rounds up the way ``resource.Quantity.MilliValue()`` / ``Value()`` do:
+A quantity is checked against apimachinery's grammar and its exact value computed as the kubernetes
+client's ``parse_quantity`` does (number × 1000 or 1024 to the suffix's power; ``e``/``E`` exponents
+as decimal notation), without importing the client into the scheduling core. This module decides
+the unit of each resource and rounds up the way ``resource.Quantity.MilliValue()`` / ``Value()`` do:
 
 - ``cpu``: millicores (``"0.5"`` -> 500, ``"1m"`` -> 1, ``"0.1m"`` -> 1);
 - ``memory``, ``ephemeral-storage``, ``hugepages-*``: bytes (``"500m"`` memory -> 1, rounded up);
@@ -17,8 +19,6 @@ from decimal import Decimal
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from shardsched.errors import InvalidObjectError
 
 CPU = "cpu"
@@ -30,6 +30,9 @@ PODS = "pods"
 #: binary SI (Ki..Ei), decimal SI (n, u, m, "", k, M, G, T, P, E) or an exponent (e3, E-2).
 #: The client's ``parse_quantity`` is laxer (it takes "1_000", "1 ", "1K"): the API server does not.
 _QUANTITY_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+
+#: suffix letter -> power of the base (1000, or 1024 for the binary ``..i`` suffixes)
+_SUFFIX_POWERS = {"n": -3, "u": -2, "m": -1, "k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
 #: Largest canonical value accepted (2**62): beyond it a quantity is certainly a mistake, and int64
 #: columns in the NodeTable and Redis counters must never overflow when a few are added up.
@@ -90,7 +93,12 @@ def exact_quantity(name: str, value: Any, path: str = "") -> Decimal:
 
 @functools.lru_cache(maxsize=8192)
 def _decimal(text: str) -> Decimal:
-    return parse_quantity(text)
+    """The exact value of a quantity that matches `_QUANTITY_RE`, as the client's ``parse_quantity``."""
+    suffix = _QUANTITY_RE.fullmatch(text).group(3)  # type: ignore[union-attr]
+    if suffix is None or (len(suffix) > 1 and not suffix.endswith("i")):  # none, or an exponent (1e3)
+        return Decimal(text)
+    base = 1024 if suffix.endswith("i") else 1000
+    return Decimal(text[:-len(suffix)]) * (base ** Decimal(_SUFFIX_POWERS[suffix[0]]))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -101,8 +109,8 @@ def _canonical(unit: str, text: str) -> int | str:
         return ("invalid quantity {value!r} for {name}: quantities must match "
                 "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
     try:
-        q: Decimal = parse_quantity(text)
-    except (ValueError, TypeError, ArithmeticError) as e:
+        q = _decimal(text)
+    except ArithmeticError as e:
         return "invalid quantity {value!r} for {name}: " + str(e).replace("{", "{{").replace("}", "}}")
     if q.is_nan() or q.is_infinite():
         return "invalid quantity {value!r} for {name}"

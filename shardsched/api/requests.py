@@ -15,7 +15,7 @@ Container requests are defaulted from limits first, as the API server does on cr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from shardsched.api.quantity import CPU, MEMORY, parse_resource_list
@@ -130,11 +130,3 @@ def nonzero_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     """
     reqs = pod_requests(pod, SCORING_DEFAULTS)
     return reqs.get(CPU, 0), reqs.get(MEMORY, 0)
-
-
-def sum_requests(items: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """Per-resource sum of several request maps."""
-    out: dict[str, int] = {}
-    for m in items:
-        _add(out, m)
-    return out

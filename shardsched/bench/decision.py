@@ -28,6 +28,7 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.cache.node_table import NodeTable
 from shardsched.config import SchedulerConfiguration, load_config
 from shardsched.framework.runtime import Framework
+from shardsched.plugins.registry import IN_TREE
 from shardsched.scheduler.algorithm import GenericScheduler
 
 ZONES = 10
@@ -104,7 +105,7 @@ def _time(config: SchedulerConfiguration, nodes: list[NodeInfo], pods: list[PodI
     for _ in range(repeat):
         table = NodeTable(len(nodes))
         table.add_nodes(nodes)
-        sched = GenericScheduler(Framework(config.profiles[0], config.percentage_of_nodes_to_score), table, seed=seed)
+        sched = GenericScheduler(Framework(config.profiles[0], IN_TREE, config.percentage_of_nodes_to_score), table, seed=seed)
         t0 = time.perf_counter()
         results = [sched.schedule(p) for p in pods]
         best = min(best, time.perf_counter() - t0)

@@ -94,7 +94,7 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
     if after_load is not None:
         after_load()
     qs = default.framework.queue_sort
-    queue = SchedulingQueue(sort_key=qs.sort_key if qs else None, pod_initial_backoff_s=config.pod_initial_backoff_s,
+    queue = SchedulingQueue(sort_key=qs.sort_key, pod_initial_backoff_s=config.pod_initial_backoff_s,
                             pod_max_backoff_s=config.pod_max_backoff_s,
                             pod_max_in_unschedulable_s=config.pod_max_in_unschedulable_s, max_attempts=None)
     ours = {p.scheduler_name for p in config.profiles}
@@ -121,7 +121,7 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
                     table.remove_node(obj["metadata"]["name"])
                 else:
                     table.add_node(NodeInfo.from_object(obj))
-                    queue.move_all_to_active_or_backoff(NODE_ADD)
+                    queue.move_all_to_active_or_backoff_queue(NODE_ADD)
                 continue
             uid = obj["metadata"]["uid"]
             if ev.type == "DELETED":

@@ -133,6 +133,12 @@ class ScorePlugin(Plugin):
         """Map raw scores of the feasible nodes (int64 array) to [0, 100]."""
         return raw
 
+    @property
+    def packs(self) -> bool:
+        """Whether this plugin's scores prefer fuller nodes (bin packing, as NodeResourcesFit's
+        MostAllocated); the sharded runtime then routes pods to fill shards, not to spread over them."""
+        return False
+
 
 class ReservePlugin(Plugin):
     """Reserve / Unreserve (upstream ``ReservePlugin``): hold what a placement needs before binding."""

@@ -1,13 +1,16 @@
 """Framework: the plugins of one profile, instantiated and ordered per extension point.
 
-Built from a resolved profile (``shardsched.config.Profile``): its ``plugins`` map gives, per
-extension point, the enabled plugins in order with their score weights, and ``plugin_args`` the
-validated args. One plugin instance is shared by all the points it is enabled at, as upstream.
+Built from a resolved profile (``shardsched.config.Profile``) and a `Registry` of plugin factories:
+the profile's ``plugins`` map gives, per extension point, the enabled plugins in order with their
+score weights, and ``plugin_args`` the validated args. One plugin instance is shared by all the
+points it is enabled at, as upstream. The framework knows no concrete plugin: whoever builds it
+passes the registry (the in-tree one is `shardsched.plugins.registry.IN_TREE`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardsched.api.objects import PodInfo
@@ -16,8 +19,29 @@ from shardsched.framework.interface import (BindPlugin, FilterPlugin, Handle, Pe
                                             PreBindPlugin, PreEnqueuePlugin, PreFilterPlugin, QueueSortPlugin,
                                             ReservePlugin, ScorePlugin)
 from shardsched.framework.status import Status
-from shardsched.plugins.registry import CLUSTER_WIDE, REGISTRY, WITH_HANDLE
-from shardsched.plugins.unimplemented import plugin as unimplemented
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The plugins a Framework can instantiate, by name (kube's ``frameworkruntime.Registry``).
+
+    Attributes:
+        factories: plugin name -> factory. A factory takes the plugin's validated args (from the
+            profile's pluginConfig, or None for defaults) and returns the plugin; the factories of
+            the ``cluster_wide`` plugins take ``(args, partial_view)``, those of the
+            ``with_handle`` plugins ``(args, handle)``.
+        cluster_wide: plugins whose Filter needs every node of the cluster and its pods (see
+            `Framework`'s ``partial_view``).
+        with_handle: plugins whose factories take the framework's `Handle`, as upstream factories
+            take ``framework.Handle``.
+        stand_ins: plugin name -> factory of the PreFilter stand-in of a plugin that is not
+            implemented, for the profile's ``guarded_plugins``.
+    """
+
+    factories: Mapping[str, Callable[..., Plugin]]
+    cluster_wide: frozenset[str] = frozenset()
+    with_handle: frozenset[str] = frozenset()
+    stand_ins: Mapping[str, Callable[[], PreFilterPlugin]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -34,7 +58,7 @@ class Framework:
         filter_plugins: Filter plugins in profile order (their PreFilter runs when enabled at preFilter
             or, for plugins whose Filter needs it, always: shardsched's plugins compute per-pod data there).
         pre_filter_plugins: the PreFilter of every Filter plugin, then the stand-ins of the profile's
-            ``guarded_plugins`` (`shardsched.plugins.unimplemented`), in kube's order; the scheduler
+            ``guarded_plugins`` (``Registry.stand_ins``), in kube's order; the scheduler
             runs them in this order and stops at the first rejection.
         score_plugins: Score plugins with weights.
         reserve_plugins, permit_plugins, pre_bind_plugins, bind_plugins, post_bind_plugins: the
@@ -43,31 +67,36 @@ class Framework:
             1..100 = that percentage (kube's ``percentageOfNodesToScore``).
 
     ``partial_view``: the table this framework schedules over holds only some of the cluster's
-    nodes (a shard's); the plugins that need the whole cluster (``CLUSTER_WIDE`` in the registry)
-    then refuse the pods they cannot decide from it (see their docstrings).
+    nodes (a shard's); the plugins that need the whole cluster (``Registry.cluster_wide``) then
+    refuse the pods they cannot decide from it (see their docstrings).
 
     ``handle``: what plugins reach of the framework (`Handle`: the cluster client, the pods waiting
-    at Permit), given to the factories of the plugins that take it (``WITH_HANDLE``); by default one
-    without a client (nothing is bound: ``simulate``, the benchmarks of decisions).
+    at Permit), given to the factories of the plugins that take it (``Registry.with_handle``); by
+    default one without a client (nothing is bound: ``simulate``, the benchmarks of decisions).
+
+    Raises:
+        ConfigError: the profile enables a plugin the registry does not have, a factory rejects the
+            plugin's args, or the profile has no queueSort plugin.
     """
 
-    def __init__(self, profile: Any, global_percentage: int | None = None, partial_view: bool = False,
-                 handle: Handle | None = None) -> None:
+    def __init__(self, profile: Any, registry: Registry, global_percentage: int | None = None,
+                 partial_view: bool = False, handle: Handle | None = None) -> None:
         self.profile_name: str = profile.scheduler_name
+        self.registry = registry
         self.handle = handle or Handle()
         instances: dict[str, Plugin] = {}
 
         def get(name: str) -> Plugin:
             if name not in instances:
-                factory = REGISTRY.get(name)
+                factory = registry.factories.get(name)
                 if factory is None:
                     raise ConfigError(f"profile {self.profile_name!r}: plugin {name!r} is not supported; "
-                                      f"supported plugins: {', '.join(sorted(REGISTRY))}")
+                                      f"supported plugins: {', '.join(sorted(registry.factories))}")
                 try:
                     args = profile.plugin_args.get(name)
-                    if name in CLUSTER_WIDE:
+                    if name in registry.cluster_wide:
                         instances[name] = factory(args, partial_view)
-                    elif name in WITH_HANDLE:
+                    elif name in registry.with_handle:
                         instances[name] = factory(args, self.handle)
                     else:
                         instances[name] = factory(args)
@@ -78,12 +107,16 @@ class Framework:
         points = profile.plugins
         self.pre_enqueue_plugins: list[PreEnqueuePlugin] = [
             p for p in (get(r.name) for r in points.get("preEnqueue", ())) if isinstance(p, PreEnqueuePlugin)]
-        self.queue_sort: QueueSortPlugin | None = next(
+        queue_sort = next(
             (p for p in (get(r.name) for r in points.get("queueSort", ())) if isinstance(p, QueueSortPlugin)), None)
+        if queue_sort is None:
+            raise ConfigError(f"profile {self.profile_name!r}: exactly one queueSort plugin is required")
+        #: the QueueSort plugin; its ``sort_key`` orders the scheduling queue's activeQ
+        self.queue_sort: QueueSortPlugin = queue_sort
         self.filter_plugins: list[FilterPlugin] = [
             p for p in (get(r.name) for r in points.get("filter", ())) if isinstance(p, FilterPlugin)]
         self.pre_filter_plugins: list[PreFilterPlugin] = [
-            *self.filter_plugins, *(unimplemented.new(name) for name in profile.guarded_plugins)]
+            *self.filter_plugins, *(registry.stand_ins[name]() for name in profile.guarded_plugins)]
         self.score_plugins: list[WeightedScore] = [
             WeightedScore(p, int(r.weight or 1)) for r, p in ((r, get(r.name)) for r in points.get("score", ()))
             if isinstance(p, ScorePlugin)]
@@ -110,18 +143,11 @@ class Framework:
         """Whether an enabled Filter plugin needs the whole cluster to decide this pod (InterPodAffinity's
         required affinity and wide anti-affinity, PodTopologySpread's DoNotSchedule constraints):
         in the sharded runtime the coordinator then nominates its node (``PodInfo.nominated_node_name``)."""
-        return any(bool(p.needs_cluster_view(pod)) for p in self.filter_plugins if p.name in CLUSTER_WIDE)
+        return any(bool(p.needs_cluster_view(pod)) for p in self.filter_plugins
+                   if p.name in self.registry.cluster_wide)
 
-    def plugin_names(self, point: str) -> list[str]:
-        """Names of the plugins enabled at an extension point, in order (for inspection and docs)."""
-        if point == "preEnqueue":
-            return [p.name for p in self.pre_enqueue_plugins]
-        if point == "filter":
-            return [p.name for p in self.filter_plugins]
-        if point == "score":
-            return [s.plugin.name for s in self.score_plugins]
-        if point == "queueSort":
-            return [self.queue_sort.name] if self.queue_sort else []
-        if point == "bind":
-            return [b.name for b in self.bind_plugins]
-        return []
+    @property
+    def packs(self) -> bool:
+        """Whether the profile's scoring packs pods: a Score plugin of positive weight whose
+        ``ScorePlugin.packs`` is true."""
+        return any(w.weight > 0 and w.plugin.packs for w in self.score_plugins)

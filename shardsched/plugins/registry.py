@@ -2,14 +2,17 @@
 
 Mirrors kube-scheduler's ``frameworkplugins.NewInTreeRegistry`` for the plugins shardsched has.
 A factory takes the plugin's validated args (from the profile's pluginConfig, or None for
-defaults) and returns a plugin instance.
+defaults) and returns a plugin instance. `IN_TREE` is the `Registry` that the scheduler gives
+each Framework it builds.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from shardsched.framework.interface import Plugin
+from shardsched.framework.runtime import Registry
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
 from shardsched.plugins.interpodaffinity import plugin as interpodaffinity
 from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
@@ -22,6 +25,7 @@ from shardsched.plugins.podtopologyspread import plugin as podtopologyspread
 from shardsched.plugins.queuesort import plugin as queuesort
 from shardsched.plugins.schedulinggates import plugin as schedulinggates
 from shardsched.plugins.tainttoleration import plugin as tainttoleration
+from shardsched.plugins.unimplemented import plugin as unimplemented
 
 Factory = Callable[[Any], Plugin]
 
@@ -48,6 +52,10 @@ CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME})
 #: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
 #: at Permit), as upstream factories take ``framework.Handle``
 WITH_HANDLE = frozenset({defaultbinder.NAME})
+
+#: the in-tree plugins, the stand-ins of the unimplemented ones (`shardsched.plugins.unimplemented`)
+IN_TREE = Registry(REGISTRY, CLUSTER_WIDE, WITH_HANDLE,
+                   {name: functools.partial(unimplemented.new, name) for name in unimplemented.NAMES})
 
 #: extension points implemented by each plugin (kube's names)
 EXTENSION_POINTS: dict[str, tuple[str, ...]] = {

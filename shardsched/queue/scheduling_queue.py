@@ -2,15 +2,16 @@
 
 Three sub-queues, as upstream (``pkg/scheduler/internal/queue/scheduling_queue.go``):
 
-- **activeQ**: pods to try now, a heap in the profile's QueueSort order (default PrioritySort: higher
+- **activeQ**: pods to try now, a heap in the profile's QueueSort order (kube's PrioritySort: higher
   priority first, then earlier ``timestamp``; equal pairs keep insertion order through a sequence
   number).
 - **backoffQ**: pods waiting out their backoff, a heap by backoff expiry. Backoff is
   ``pod_initial_backoff_s`` doubled per attempt up to ``pod_max_backoff_s`` (upstream
   ``calculateBackoffDuration``), counted from ``timestamp``; expired pods move to activeQ.
 - **unschedulable pods**: pods whose last attempt was rejected as unschedulable. A cluster event that
-  may help (``move_all_to_active_or_backoff``) or ``pod_max_in_unschedulable_s`` in here moves them to
-  activeQ, or to backoffQ while their backoff is not over (upstream ``movePodsToActiveOrBackoffQueue``).
+  may help (``move_all_to_active_or_backoff_queue``) or ``pod_max_in_unschedulable_s`` in here moves
+  them to activeQ, or to backoffQ while their backoff is not over (upstream
+  ``movePodsToActiveOrBackoffQueue``).
 
 Popped pods are *in flight* until the caller reports the outcome: ``done`` (scheduled, or handed on),
 or ``add_unschedulable_if_not_present`` / ``requeue_backoff`` (failed). Each popped pod gets its own
@@ -33,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from shardsched.api.objects import PodInfo
-from shardsched.plugins.queuesort.plugin import PrioritySort
 from shardsched.queue.clock import Clock, RealClock
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ SCHEDULE_ATTEMPT_FAILURE = "ScheduleAttemptFailure"
 BACKOFF_COMPLETE = "BackoffComplete"
 UNSCHEDULABLE_TIMEOUT = "UnschedulableTimeout"
 
-# Cluster events that may make unschedulable pods schedulable (for move_all_to_active_or_backoff).
+# Cluster events that may make unschedulable pods schedulable (for move_all_to_active_or_backoff_queue).
 NODE_ADD = "NodeAdd"
 NODE_UPDATE = "NodeUpdate"
 ASSIGNED_POD_DELETE = "AssignedPodDelete"
@@ -121,7 +121,8 @@ class SchedulingQueue:
     Args:
         clock: time source, seconds; ``RealClock()`` if omitted, ``FakeClock`` in tests.
         sort_key: the profile's QueueSort ``sort_key(pod, timestamp, seq)`` (smaller pops first;
-            upstream passes the plugin's ``Less`` to ``NewSchedulingQueue``); PrioritySort if omitted.
+            upstream passes the plugin's ``Less`` to ``NewSchedulingQueue``): the framework's
+            ``queue_sort.sort_key``.
         pod_initial_backoff_s: backoff after the first failed attempt, seconds (kube default 1 s).
         pod_max_backoff_s: backoff ceiling, seconds (kube default 10 s).
         pod_max_in_unschedulable_s: a pod longer than this in unschedulable pods is moved back
@@ -139,7 +140,7 @@ class SchedulingQueue:
         self,
         clock: Clock | None = None,
         *,
-        sort_key: Callable[[PodInfo, float, int], tuple] | None = None,
+        sort_key: Callable[[PodInfo, float, int], tuple],
         pod_initial_backoff_s: float = DEFAULT_POD_INITIAL_BACKOFF_S,
         pod_max_backoff_s: float = DEFAULT_POD_MAX_BACKOFF_S,
         pod_max_in_unschedulable_s: float = DEFAULT_POD_MAX_IN_UNSCHEDULABLE_S,
@@ -156,7 +157,7 @@ class SchedulingQueue:
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1 or None, got {max_attempts}")
         self.clock: Clock = clock if clock is not None else RealClock()
-        self.sort_key = sort_key if sort_key is not None else PrioritySort().sort_key
+        self.sort_key = sort_key
         self.pod_initial_backoff_s = float(pod_initial_backoff_s)
         self.pod_max_backoff_s = float(pod_max_backoff_s)
         self.pod_max_in_unschedulable_s = float(pod_max_in_unschedulable_s)
@@ -386,7 +387,7 @@ class SchedulingQueue:
 
     # ----------------------------------------------------------------------------- moving
 
-    def move_all_to_active_or_backoff(self, event: str) -> int:
+    def move_all_to_active_or_backoff_queue(self, event: str) -> int:
         """Move every unschedulable pod to activeQ, or to backoffQ while backing off, on a cluster event
         that may make them schedulable (``NODE_ADD``, ``NODE_UPDATE`` e.g. uncordon,
         ``ASSIGNED_POD_DELETE``); upstream ``MoveAllToActiveOrBackoffQueue`` without per-plugin event

@@ -131,10 +131,6 @@ class GenericScheduler:
             table.add_pod(PodUsage.of(pod), result.node)
         return result
 
-    def schedule_batch(self, pods: list[PodInfo]) -> list[ScheduleResult]:
-        """Schedule pods in order, each assumed before the next is decided (in-batch assume)."""
-        return [self.schedule(p) for p in pods]
-
     def feasible_mask(self, pod: PodInfo) -> tuple[np.ndarray, np.ndarray]:
         """(static_ok, feasible): bool arrays over table slots [0, n). ``static_ok``: the nodes that
         pass the filters that depend only on node attributes; ``feasible``: the nodes where the pod

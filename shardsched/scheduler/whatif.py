@@ -28,7 +28,8 @@ from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration, load_config
 from shardsched.framework.interface import Handle
-from shardsched.framework.runtime import Framework
+from shardsched.framework.runtime import Framework, Registry
+from shardsched.plugins.registry import IN_TREE
 from shardsched.scheduler.algorithm import GenericScheduler
 
 SCHEDULED, UNSCHEDULABLE, SKIPPED, GATED = "Scheduled", "Unschedulable", "Skipped", "Gated"
@@ -62,18 +63,20 @@ class SimulationReport:
 
 
 def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int | None,
-                     partial_view: bool = False, handle: Handle | None = None) -> dict[str, GenericScheduler]:
+                     partial_view: bool = False, handle: Handle | None = None,
+                     registry: Registry = IN_TREE) -> dict[str, GenericScheduler]:
     """One GenericScheduler per profile over a shared table, keyed by schedulerName (first = default).
 
     ``partial_view``: the table holds only part of the cluster (a shard's nodes; `Framework`).
     ``handle``: the frameworks' `Handle` (where binds go), shared by the profiles.
+    ``registry``: the plugins the profiles may name (default: the in-tree plugins).
 
     Raises:
         ConfigError: a profile names a plugin shardsched does not have.
     """
     out = {}
     for i, profile in enumerate(config.profiles):
-        fw = Framework(profile, config.percentage_of_nodes_to_score, partial_view, handle)
+        fw = Framework(profile, registry, config.percentage_of_nodes_to_score, partial_view, handle)
         out[profile.scheduler_name] = GenericScheduler(fw, table, seed=None if seed is None else seed + i)
     return out
 
@@ -134,8 +137,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
 
     queue_sort = default.framework.queue_sort
     pending = [(i, p) for i, (_, p) in enumerate(pods) if not p.bound]
-    if queue_sort is not None:
-        pending.sort(key=lambda ip: queue_sort.sort_key(ip[1], float(ip[0]), ip[0]))
+    pending.sort(key=lambda ip: queue_sort.sort_key(ip[1], float(ip[0]), ip[0]))
 
     unknown_scheduler: Counter[str] = Counter()
     for _, pod in pending:

@@ -74,7 +74,8 @@ class ShardHost:
     def add_pods(self, pods): self.shard.add_pods(pods)
     def accept(self, qpis, unschedulable=False): self.shard.accept(qpis, unschedulable)
     def remove_pods(self, keys): self.shard.remove_pods(keys)
-    def nudge(self, event="NodeUpdate"): self.shard.nudge(event)
+    def move_all_to_active_or_backoff_queue(self, event="NodeUpdate"):
+        self.shard.move_all_to_active_or_backoff_queue(event)
     def snapshot(self): return self.shard.snapshot()
     def pending_keys(self): return self.shard.pending_keys()
     def take_stats(self): return self.shard.take_stats()

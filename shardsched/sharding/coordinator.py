@@ -54,7 +54,6 @@ from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import InvalidObjectError, TemporaryError
 from shardsched.metrics import ShardMetrics
-from shardsched.plugins.noderesources.fit import MOST_ALLOCATED, REQUESTED_TO_CAPACITY_RATIO, NodeResourcesFit
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult, fit_error_message
 from shardsched.scheduler.whatif import build_schedulers
 from shardsched.queue import GATED, QueuedPodInfo
@@ -191,20 +190,6 @@ class _Room:
             return float(d[0])
         k = max(1, int(np.searchsorted(self._needs[shard], volume, side="right")))
         return float((self._sums[shard][k - 1] - volume) / k)
-
-
-def _packs(sched: GenericScheduler) -> bool:
-    """Whether the profile's NodeResourcesFit scoring packs pods (prefers fuller nodes):
-    MostAllocated, or RequestedToCapacityRatio with a shape whose score rises from no utilization
-    to full (kube's bin-packing example). False without that Score plugin."""
-    for weighted in sched.framework.score_plugins:
-        plugin = weighted.plugin
-        if isinstance(plugin, NodeResourcesFit) and weighted.weight > 0:
-            if plugin.strategy == MOST_ALLOCATED:
-                return True
-            if plugin.strategy == REQUESTED_TO_CAPACITY_RATIO and plugin.shape:
-                return plugin.shape[-1][1] > plugin.shape[0][1]
-    return False
 
 
 class Coordinator:
@@ -544,7 +529,7 @@ class Coordinator:
             if back:
                 self.shards[self.owners[info.name]].remote.call("apply_bound", back, [])
         for s in self.shards:
-            s.remote.call("nudge", "NodeUpdate")
+            s.remote.call("move_all_to_active_or_backoff_queue", "NodeUpdate")
 
     def _handle_pods(self, events: list[tuple[str, dict]]) -> None:
         # pending pods first seen in this batch, routed after it: a later event of the same batch
@@ -673,7 +658,7 @@ class Coordinator:
         """(room, static): `_Room`, where the pod fits now in each shard and how free those nodes
         are; ``static``, per shard, its nodes passing the pod's static filters."""
         sched = self.schedulers.get(pod.scheduler_name, self.default)
-        packing = _packs(sched)  # a look at the profile's few Score plugins, once per signature
+        packing = sched.framework.packs  # a look at the profile's few Score plugins, once per signature
         static_ok, feasible = sched.feasible_mask(pod)
         n = len(feasible)
         owner = self.owner_slots[:n]
@@ -1310,9 +1295,6 @@ class Coordinator:
     def pending_keys(self) -> list[str]:
         with self._lock:
             return [t.pod.key for t in self.pending.values()]
-
-    def shard_remotes(self) -> list[Remote]:
-        return [s.remote for s in self.shards]
 
     def kill_shard(self, index: int) -> None:
         """For chaos tests and demos: kill the shard's actor process (SIGKILL through Ray)."""

@@ -24,8 +24,6 @@ import hashlib
 import math
 from typing import Iterable, Mapping, Sequence
 
-import numpy as np
-
 
 def _weight(node: str, shard: str) -> int:
     digest = hashlib.blake2b(node.encode(), digest_size=8, key=shard.encode()[:64]).digest()
@@ -75,12 +73,3 @@ def moved_fraction(before: dict[str, str], after: dict[str, str]) -> float:
     if not common:
         return 0.0
     return sum(before[n] != after[n] for n in common) / len(common)
-
-
-def owner_array(names: Sequence[str | None], owners: dict[str, str], shard_index: dict[str, int]) -> np.ndarray:
-    """int32 array over table slots: index of the owning shard, -1 for free slots or unknown nodes."""
-    out = np.full(len(names), -1, np.int32)
-    for i, name in enumerate(names):
-        if name is not None and name in owners:
-            out[i] = shard_index.get(owners[name], -1)
-    return out

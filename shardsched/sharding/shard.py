@@ -166,7 +166,7 @@ class Shard:
         self.default_scheduler = next(iter(self.schedulers.values()))
         qs = self.default_scheduler.framework.queue_sort
         self.queue = SchedulingQueue(
-            sort_key=qs.sort_key if qs else None,
+            sort_key=qs.sort_key,
             pod_initial_backoff_s=config.pod_initial_backoff_s,
             pod_max_backoff_s=config.pod_max_backoff_s,
             pod_max_in_unschedulable_s=config.pod_max_in_unschedulable_s,
@@ -228,7 +228,7 @@ class Shard:
         with self._lock:
             changed = self.table.set_namespaces(labels, removed, replace)
         if changed:
-            self.queue.move_all_to_active_or_backoff(NAMESPACE_UPDATE)
+            self.queue.move_all_to_active_or_backoff_queue(NAMESPACE_UPDATE)
 
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
         """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""
@@ -242,7 +242,7 @@ class Shard:
                 self._shadow.pop(name, None)
             self.metrics.nodes.set(self.table.num_nodes)
         if moved:
-            self.queue.move_all_to_active_or_backoff(NODE_ADD)
+            self.queue.move_all_to_active_or_backoff_queue(NODE_ADD)
 
     def apply_bound(self, adds: Iterable[tuple[PodUsage, str]] = (), removes: Iterable[str] = ()) -> None:
         """Pods bound on this shard's nodes (by anyone) and pods that stopped counting (deleted or
@@ -258,7 +258,7 @@ class Shard:
                 if self.table.remove_pod(uid) is not None:
                     freed = True
         if freed:
-            self.queue.move_all_to_active_or_backoff(ASSIGNED_POD_DELETE)
+            self.queue.move_all_to_active_or_backoff_queue(ASSIGNED_POD_DELETE)
 
     def add_pods(self, pods: Sequence[PodInfo]) -> None:
         """New pending pods routed to this shard."""
@@ -279,9 +279,10 @@ class Shard:
         for key in keys:
             self.queue.delete(key)
 
-    def nudge(self, event: str = NODE_UPDATE) -> None:
-        """A cluster event that may make unschedulable pods schedulable."""
-        self.queue.move_all_to_active_or_backoff(event)
+    def move_all_to_active_or_backoff_queue(self, event: str = NODE_UPDATE) -> None:
+        """A cluster event that may make unschedulable pods schedulable (upstream
+        ``MoveAllToActiveOrBackoffQueue``)."""
+        self.queue.move_all_to_active_or_backoff_queue(event)
 
     def adopt(self, rebalancer: Rebalancer) -> None:
         """A new coordinator takes this shard over (the previous one died) and lists the cluster
@@ -797,7 +798,7 @@ class Shard:
             for node in expired:
                 self._drop_shadow(node)
         if expired:
-            self.queue.move_all_to_active_or_backoff(ASSIGNED_POD_DELETE)
+            self.queue.move_all_to_active_or_backoff_queue(ASSIGNED_POD_DELETE)
 
     def _pause(self, qpis: Sequence[QueuedPodInfo], why: str) -> None:
         """Redis away: no binding without a reservation. Pods wait out a backoff; nothing is lost."""

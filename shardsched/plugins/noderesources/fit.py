@@ -129,6 +129,15 @@ class NodeResourcesFit(FilterPlugin, ScorePlugin):
         self.ignored_resources = ignored_resources
         self.ignored_groups = ignored_groups
 
+    @property
+    def packs(self) -> bool:
+        """MostAllocated, or RequestedToCapacityRatio with a shape whose score rises from no
+        utilization to full (kube's bin-packing example)."""
+        if self.strategy == MOST_ALLOCATED:
+            return True
+        return (self.strategy == REQUESTED_TO_CAPACITY_RATIO and bool(self.shape)
+                and self.shape[-1][1] > self.shape[0][1])
+
     # ------------------------------------------------------------ Filter
     def _ignored(self, name: str) -> bool:
         return is_extended(name) and (name in self.ignored_resources or name.split("/")[0] in self.ignored_groups)
