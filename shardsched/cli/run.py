@@ -26,13 +26,6 @@ TRACE_REPLAY_TARGET_S = 60.0
 #: a replayed pod lifetime below this (median) is warned about: such pods may go before they are scheduled
 TRACE_SHORT_LIFETIME_S = 0.1
 
-#: the field report's table (5,000 nodes of 8C/16G, 1C/1Gi pods): avg, P99 latency (s), pods/s,
-#: scheduler cores, memory (GB)
-FIELD_REPORT = {
-    "kube-scheduler (report)": (1.2, 4.0, 8, 3.2, 4.5),
-    "custom, one pod (report)": (0.32, 0.8, 300, 1.8, 1.2),
-    "custom, batch of 10 (report)": (0.11, 0.25, 800, 2.5, 2.0),
-}
 
 
 def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[float, int]]:
@@ -53,10 +46,17 @@ def _parse_scale_at(ctx: click.Context, param: click.Parameter, value: str | Non
 
 
 def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--plot``: its folder must exist and be writable (and the file, if there), checked before
-    the run rather than after it."""
+    """``--plot``: an image format matplotlib writes (by the name's extension), in a folder that
+    exists and is writable (and the file, if there), checked before the run rather than after it."""
     if value is None:
         return None
+    from shardsched.bench.plots import image_formats
+
+    extension = os.path.splitext(value)[1].lstrip(".").lower()
+    formats = image_formats()
+    if extension not in formats:
+        given = f"'.{extension}' is not an image format matplotlib writes" if extension else "the name has no extension"
+        raise click.BadParameter(f"{value!r}: {given}; use one of .{', .'.join(formats)}")
     folder = os.path.dirname(os.path.abspath(value))
     if not os.path.isdir(folder):
         raise click.BadParameter(f"{value!r}: folder {folder!r} does not exist")
@@ -108,7 +108,8 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Give up after this many seconds of scheduling (exit status 4 when pods are still pending).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=_plot_path,
-              help="Write throughput, pending pods and utilization over time to this PNG.")
+              help="Write the run's course to this image (PNG, SVG, PDF, ... by its extension): pods bound per "
+                   "second, every pod's state, and CPU/memory/GPU requested, sampled every 0.25 s.")
 def run(**kw) -> None:
     """Run the scheduler on an embedded simulated cluster and report how it did.
 
@@ -123,9 +124,13 @@ def run(**kw) -> None:
     20,000 pods of 1 CPU / 1Gi. With --trace/--trace-nodes it replays the Alibaba GPU trace instead.
 
     \b
-    The summary gives the report's columns (latency from pod creation to bound, throughput, CPU
-    cores, memory), bound/unschedulable/pending (each pod counted once), requeues, conflicts, and
-    the invariants: overcommitted nodes, double binds and lost pods must be 0. If the embedded
+    The summary gives this run's figures, each with what it measures: bound/unschedulable/pending
+    (each pod counted once), latency from pod creation to bound, pods bound per second over the
+    scheduling window (first pod created to last pod bound), CPU cores, memory, requeues, replaced
+    shards, coordinator restarts; a replay's also says how many pods were deleted before and after
+    binding and the peak share of CPU, memory and GPUs requested. Then the invariants:
+    overcommitted nodes, double binds and lost pods must be 0. `shardsched bench field` compares
+    with kube-scheduler's one-pod loop on the same cluster and pods. If the embedded
     redis-server exits, it is started again (same port and password), the ledger is rebuilt from
     the cluster, and the summary says so. Ctrl-C (SIGINT) or SIGTERM stops the run in order and
     prints the summary of what was done (nothing but a line when it came during start-up).
@@ -164,7 +169,7 @@ def run(**kw) -> None:
     if kw["plot_path"]:
         try:
             _plot(report, kw["plot_path"])
-        except (OSError, ValueError) as e:  # ValueError: matplotlib knows no such image format
+        except OSError as e:
             click.echo(f"error: --plot {kw['plot_path']}: could not write the plot: {getattr(e, 'strerror', None) or e}",
                        err=True)
             code = code or EXIT_FAILED
@@ -307,32 +312,68 @@ def _execute(cls, config, nodes, workload, options, show_progress: bool):
 
 
 def _print_summary(report) -> None:
+    """The table of a run: what each figure is, beside it. A burst's table says what its latency
+    and throughput measure; a replay's says what became of the trace's pods and how much of the
+    cluster they requested. Nothing measured elsewhere is shown as if it were a peer: comparisons
+    are ``bench field``'s (the same cluster and pods, one run) and the docs' (the field report)."""
     from rich.table import Table
 
     data = report.to_json()
     console = output_console()
     lat = data["latency_ms"]
-    table = Table(title=f"shardsched run: {data['nodes']} nodes, {data['pods_total']} pods, {report.shards_label} shards")
-    for col in ("", "avg latency", "P99 latency", "pods/s", "CPU cores", "memory"):
-        table.add_column(col, justify="right")
-    table.add_row("[bold]shardsched (this run)", f"{lat['avg'] / 1000:.3f} s", f"{lat['p99'] / 1000:.3f} s",
-                  f"{data['throughput_pods_per_s']:.0f}", f"{data['cpu_cores_used']:.2f}",
-                  f"{data['peak_rss_bytes'] / 2**30:.2f} GB")
-    for name, (avg, p99, tput, cores, mem) in FIELD_REPORT.items():
-        table.add_row(name, f"{avg:.2f} s", f"{p99:.2f} s", f"{tput}", f"{cores}", f"{mem} GB")
+    window = data["schedule_wall_s"]
+    kind = "trace replay" if report.replay else "burst"
+    table = Table(title=f"shardsched run: {data['nodes']} nodes, {data['pods_total']} pods ({kind}), "
+                        f"{report.shards_label} shards")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_column("what it is")
+    row = table.add_row
+    latency = f"{lat['avg'] / 1000:.3f} / {lat['p50'] / 1000:.3f} / {lat['p99'] / 1000:.3f} s"
+    if report.replay:
+        deleted_bound = report.samples[-1].deleted_bound if report.samples else 0
+        row("bound", f"{data['pods_bound']:,}", f"each pod once; {deleted_bound:,} deleted after binding (their trace end)")
+        row("deleted before bound", f"{data['pods_deleted_unbound']:,}", "their trace end came before a bind")
+    else:
+        row("bound", f"{data['pods_bound']:,} of {data['pods_total']:,}", "each pod once")
+    row("unschedulable", f"{data['pods_unschedulable']:,}", "no node fits (reasons below)")
+    row("pending", f"{data['pods_pending']:,}", "not created yet, queued, or in a shard")
+    if report.replay:
+        row("latency avg / P50 / P99", latency, "pod creation to bound")
+        row("binds per second", f"{data['throughput_pods_per_s']:,.0f}", f"over the replay's {window:.1f} s [1]")
+        for resource, label in _ALLOCATION_ROWS:
+            peak = _peak_share(report, resource)
+            if peak is not None:
+                row(f"{label} requested, peak", f"{100 * peak:.1f}%", f"of allocatable {label}, by running pods")
+        notes = ["[1] set by the trace's arrivals, not a capacity: first pod created to last pod bound"]
+    else:
+        row("latency avg / P50 / P99", latency, "pod creation to bound [1]")
+        row("throughput", f"{data['throughput_pods_per_s']:,.0f} pods/s", f"over the scheduling window, {window:.1f} s [2]")
+        notes = ["[1] the burst is created at once: a pod also waits for the pods ahead of it, the last ones about "
+                 "the whole window",
+                 f"[2] first pod created to last pod bound; the whole run took {data['wall_s']:.1f} s with start-up "
+                 "and stop"]
+    n = len(notes) + 1
+    row("CPU", f"{data['cpu_cores_used']:.2f} cores", f"run's processes, average [{n}]")
+    notes.append(f"[{n}] driver, coordinator, shards, simulated cluster and Redis, from the workload's start until "
+                 f"the run settled ({report.metered_s:.1f} s); Ray's own daemons used {data['ray_system_cpu_cores']:.2f} "
+                 "cores more")
+    row("memory", f"{data['peak_rss_bytes'] / 2**30:.2f} GB", "peak RSS of those processes together")
+    row("requeues", f"{data['requeues']:,}", "pods handed back to the rebalancer")
+    row("bind conflicts", f"{data['conflicts']:,}", "binds answered 409 Conflict")
+    row("replaced shards", f"{data['replaced_shards']}", "failed health checks, started again")
+    row("coordinator restarts", f"{data['coordinator_restarts']}", "a new one adopted the shards")
+    row("ledger rebuilds", f"{data['ledger_rebuilds']}", "Redis ledger rebuilt from the cluster")
     console.print(table)
-    console.print("[dim]latency: pod creation to bound; CPU and memory: driver, coordinator, shards, simulated "
-                  f"cluster and Redis (Ray's own daemons used {data['ray_system_cpu_cores']:.2f} more cores); "
-                  "the report's rows were measured on other hardware.[/]")
+    for note in notes:
+        console.print(f"[dim]{note}[/]", highlight=False)
+    console.print("[dim]This run only. `shardsched bench field` compares kube-scheduler's one-pod loop, batching "
+                  "and shards on the same cluster and pods in one run; the field report's figures (another "
+                  "cluster and hardware) are in docs/benchmarks.md.[/]")
     ok = lambda v: "[green]0[/]" if v == 0 else f"[red]{v}[/]"  # noqa: E731
     if report.interrupted:
-        console.print(f"[yellow]interrupted ({report.interrupted}) {data['schedule_wall_s']:.1f} s into the run: "
+        console.print(f"[yellow]interrupted ({report.interrupted}) {window:.1f} s into the run: "
                       "the counts are those at the stop[/]", highlight=False)
-    deleted = f"deleted before bound {data['pods_deleted_unbound']}   " if data["pods_deleted_unbound"] else ""
-    console.print(f"bound {data['pods_bound']} / {data['pods_total']}   unschedulable {data['pods_unschedulable']}   "
-                  f"pending {data['pods_pending']}   {deleted}requeues {data['requeues']}   "
-                  f"bind conflicts {data['conflicts']}   "
-                  f"wall {data['wall_s']:.1f} s (scheduling {data['schedule_wall_s']:.1f} s)")
     console.print(f"invariants: overcommitted nodes {ok(data['overcommitted_nodes'])}   double binds "
                   f"{ok(data['double_binds'])}   lost pods {ok(data['lost_pods'])}   admission rejections "
                   f"{ok(data['admission_rejections'])}")
@@ -351,37 +392,33 @@ def _print_summary(report) -> None:
     for r in data["redis_restarts"]:
         console.print(f"[yellow]the embedded redis-server (pid {r['pid']}) exited ({r['exit']}) at {r['at_s']:.1f} s and "
                       "was started again[/]", highlight=False)
-    if data["redis_restarts"] or data["ledger_rebuilds"]:
-        times = "once" if data["ledger_rebuilds"] == 1 else f"{data['ledger_rebuilds']} times"
-        console.print(f"[yellow]ledger rebuilt from the cluster {times}[/]", highlight=False)
     for err in data["errors"]:
         console.print(f"[yellow]note: {err}[/]")
 
 
+#: (resource, name in the table) of the allocation rows of a replay, when the cluster has them
+_ALLOCATION_ROWS = (("cpu", "CPU"), ("memory", "memory"), ("alibabacloud.com/gpu-milli", "GPU"))
+
+
+def _peak_share(report, resource: str) -> float | None:
+    """The highest share of the cluster's allocatable ``resource`` requested over the run's samples
+    (None when the cluster has none of it)."""
+    alloc = report.allocatable.get(resource, 0)
+    if not alloc or not report.samples:
+        return None
+    return max(x.requested.get(resource, 0) for x in report.samples) / alloc
+
+
 def _plot(report, path: str) -> None:
-    import matplotlib
+    """Write the run's plot (`plots.run_timeline`) and say where; a run of fewer than 2 samples
+    gets a warning instead. Raises OSError when the file cannot be written."""
+    from shardsched.bench.plots import run_timeline
+    from shardsched.sharding.runtime import SAMPLE_PERIOD_S
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    s = report.samples
-    if len(s) < 2:
-        click.echo(f"warning: --plot {path}: not written: the run took {len(s)} progress sample(s), a curve "
-                   "needs 2", err=True)
+    if len(report.samples) < 2:
+        click.echo(f"warning: --plot {path}: not written: the run took {len(report.samples)} sample(s) of the "
+                   "cluster, a curve needs 2", err=True)
         return
-    t = np.array([x.t_s for x in s])
-    bound = np.array([x.bound for x in s], float)
-    rate = np.gradient(bound, t)
-    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    axes[0].plot(t, rate)
-    axes[0].set_ylabel("pods bound / s")
-    axes[1].plot(t, [x.pending for x in s], color="tab:orange")
-    axes[1].set_ylabel("pending pods")
-    axes[2].plot(t, [100 * x.utilization for x in s], color="tab:green")
-    axes[2].set_ylabel("CPU requested (%)")
-    axes[2].set_xlabel("seconds since the workload started")
-    fig.suptitle(f"shardsched run: {report.nodes} nodes, {report.pods_total} pods, {report.shards_label} shards")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    run_timeline(path, report, SAMPLE_PERIOD_S)
+    click.echo(f"plot: {os.path.abspath(path)} ({len(report.samples)} samples over "
+               f"{report.samples[-1].t_s:.1f} s)", err=True)

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 CREATE_CHUNK = 2000
 #: progress sampling period once the run is past its first seconds (shorter before: `_follow`)
 FOLLOW_PERIOD_S = 0.25
+#: the plot's sampling period: the simulated cluster is read this often (`EmbeddedRun._sample`)
+SAMPLE_PERIOD_S = 0.25
 #: a scale step's "during" window lasts this long after its handover: new shards fill their first
 #: batches, queues spread, stale owners' fenced batches come back through the rebalancer
 SCALE_SETTLE_S = 1.0
@@ -132,12 +134,39 @@ class RunOptions:
 
 @dataclass
 class Sample:
-    """One progress sample (for the plot)."""
+    """The simulated cluster at one moment of the run, from one read of it
+    (`SimClusterHost.progress`), for the plot. The pod counts split the workload as the summary
+    does (`RunReport`): ``bound`` (ever) = ``running`` + ``deleted_bound``; the pods created so far
+    are ``created`` = ``running`` + ``unschedulable`` + ``queued`` + ``deleted_bound`` +
+    ``deleted_unbound``, and ``pending(total)`` adds those not created yet to ``queued``."""
 
+    #: seconds after the workload started
     t_s: float
+    created: int
     bound: int
-    pending: int
-    utilization: float
+    #: bound pods that still exist
+    running: int
+    #: unbound pods with the condition PodScheduled=False, reason Unschedulable
+    unschedulable: int
+    #: created, not bound, not unschedulable, not deleted: in a queue or in flight in a shard
+    queued: int
+    deleted_bound: int
+    deleted_unbound: int
+    #: resource name -> total request of the bound pods that run, canonical units (millicores, bytes, counts)
+    requested: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, t_s: float, progress: dict[str, Any]) -> "Sample":
+        """The sample of a `SimClusterHost.progress` answer taken ``t_s`` after the workload started."""
+        deleted = progress["deleted_bound"] + progress["deleted_unbound"]
+        return cls(t_s=t_s, created=progress["pods"] + deleted, bound=progress["binds"], running=progress["bound"],
+                   unschedulable=progress["unschedulable"], queued=progress["unbound"] - progress["unschedulable"],
+                   deleted_bound=progress["deleted_bound"], deleted_unbound=progress["deleted_unbound"],
+                   requested=dict(progress["requested"]))
+
+    def pending(self, total: int) -> int:
+        """The summary's pending pods out of ``total``: not created yet, queued, or in flight."""
+        return total - self.created + self.queued
 
 
 @dataclass
@@ -175,14 +204,25 @@ class RunReport:
     #: ``scale_at`` steps, `shardsched scale` or the autoscaler)
     shards_at_end: int = 0
     nodes: int = 0
+    #: CPU seconds of the run's processes (driver, coordinator, shards, cluster, Redis) over
+    #: ``metered_s``: from the workload's start until the counts were taken (the run settled)
     cpu_s: float = 0.0
+    metered_s: float = 0.0
     cpu_s_by_process: dict[str, float] = field(default_factory=dict)
     peak_rss_by_process: dict[str, int] = field(default_factory=dict)
     ray_system_cpu_s: float = 0.0
     peak_rss_bytes: int = 0
     lost_pods: int = 0
     unschedulable_reasons: dict[str, int] = field(default_factory=dict)
+    #: the cluster every `SAMPLE_PERIOD_S` from the workload's start to the end of the run
     samples: list[Sample] = field(default_factory=list)
+    #: seconds after the start when the workload's first and last pods were created (None: none was)
+    created_first_s: float | None = None
+    created_last_s: float | None = None
+    #: resource name -> the cluster's total allocatable, canonical units (the plot's 100%)
+    allocatable: dict[str, int] = field(default_factory=dict)
+    #: a trace replay (pods created and deleted over time), not a burst
+    replay: bool = False
     shard_snapshots: list[dict] = field(default_factory=list)
     replaced_shards: int = 0
     coordinator_restarts: int = 0
@@ -222,13 +262,18 @@ class RunReport:
             "conflicts": self.conflicts, "requeues": self.requeues, "shards": self.shards,
             "shards_at_end": self.shards_at_end, "nodes": self.nodes,
             "wall_s": round(self.wall_s, 3), "schedule_wall_s": round(self.schedule_wall_s, 3),
-            "cpu_cores_used": round(self.cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
-            "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.schedule_wall_s, 2) if self.schedule_wall_s else 0.0,
+            "cpu_cores_used": round(self.cpu_s / self.metered_s, 2) if self.metered_s else 0.0,
+            "ray_system_cpu_cores": round(self.ray_system_cpu_s / self.metered_s, 2) if self.metered_s else 0.0,
             "peak_rss_bytes": self.peak_rss_bytes, "cpu_s_by_process": self.cpu_s_by_process,
             "peak_rss_bytes_by_process": self.peak_rss_by_process,
             "replaced_shards": self.replaced_shards, "coordinator_restarts": self.coordinator_restarts,
+            "created_first_s": _rounded(self.created_first_s), "created_last_s": _rounded(self.created_last_s),
             "unschedulable_reasons": self.unschedulable_reasons, "scaling": self.scaling, "errors": self.errors,
         }
+
+
+def _rounded(t_s: float | None) -> float | None:
+    return None if t_s is None else round(t_s, 3)
 
 
 class _ProcessMeter:
@@ -288,6 +333,17 @@ class _ProcessMeter:
         return out
 
 
+def _allocatable(nodes: list[dict]) -> dict[str, int]:
+    """Resource name -> total allocatable of ``nodes`` (Node dicts), canonical units."""
+    from shardsched.api.quantity import canonical_quantity
+
+    total: dict[str, int] = {}
+    for n in nodes:
+        for resource, q in ((n.get("status") or {}).get("allocatable") or {}).items():
+            total[resource] = total.get(resource, 0) + canonical_quantity(resource, q)
+    return total
+
+
 def _ray_system_pids() -> list[int]:
     names = ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env")
     out = []
@@ -323,12 +379,6 @@ class EmbeddedRun:
         self.meter = _ProcessMeter()
         self.system_meter = _ProcessMeter()
         self._feeder_error: list[str] = []
-        from shardsched.api.quantity import canonical_quantity
-        from shardsched.api.requests import pod_requests
-
-        self._total_cpu = sum(canonical_quantity("cpu", (n.get("status") or {}).get("allocatable", {}).get("cpu", 0)) for n in nodes)
-        sample = [pod_requests(p).get("cpu", 0) for _, _, p in workload[:1000]]
-        self._mean_cpu = sum(sample) / len(sample) if sample else 0.0
         self._metrics_server = None
         self._started_ray = False
         self._ray_down = threading.Event()  # set by _stop once Ray is shut down (see _init_ray)
@@ -336,6 +386,10 @@ class EmbeddedRun:
         self._actors: list[Any] = []  # every actor this run created, killed by _stop
         self.coordinator_restarts = 0
         self._created = 0  # workload pods created in the cluster so far (by the feeder)
+        self._created_first_s: float | None = None  # seconds after the start: `RunReport.created_first_s`
+        self._created_last_s: float | None = None
+        self._t0 = 0.0  # time.monotonic() when the workload started
+        self._allocatable = _allocatable(nodes)
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -519,19 +573,13 @@ class EmbeddedRun:
     def _feed(self, t0: float, stop: threading.Event) -> None:
         """Create (and delete) pods at their times; a burst is created in chunks at once."""
         try:
-            steps = list(TraceReplay(self.workload, self.options.time_scale)) if any(
-                c > 0 or d is not None for c, d, _ in self.workload) else None
+            steps = list(TraceReplay(self.workload, self.options.time_scale)) if self._is_replay() else None
             if steps is None:
                 pods = [p for _, _, p in self.workload]
                 for i in range(0, len(pods), CREATE_CHUNK):
                     if stop.is_set():
                         return
-                    chunk = pods[i:i + CREATE_CHUNK]
-                    now = time.time()
-                    for p in chunk:
-                        p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
-                    ray.get(self.cluster.create_pods.remote(chunk))
-                    self._created += len(chunk)
+                    self._create(pods[i:i + CREATE_CHUNK])
                 return
             pending: list = []
             for step in steps:
@@ -547,16 +595,29 @@ class EmbeddedRun:
             self._feeder_error.append(f"workload feeder: {type(e).__name__}: {e}")
             log.exception("workload feeder failed")
 
+    def _is_replay(self) -> bool:
+        """The workload is replayed over time (some pod is created after the start or deleted)."""
+        return any(c > 0 or d is not None for c, d, _ in self.workload)
+
+    def _create(self, pods: list[dict]) -> None:
+        """Create workload pods in the cluster, stamped with the time of creation (where their
+        latency starts), and note when the first and the last were created."""
+        started = time.monotonic()
+        now = time.time()
+        for p in pods:
+            p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
+        ray.get(self.cluster.create_pods.remote(pods))
+        self._created += len(pods)
+        if self._created_first_s is None:
+            self._created_first_s = started - self._t0
+        self._created_last_s = time.monotonic() - self._t0
+
     def _flush(self, steps: list) -> None:
         if not steps:
             return
         creates = [s.pod for s in steps if s.action == "create"]
-        now = time.time()
-        for p in creates:
-            p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
         if creates:
-            ray.get(self.cluster.create_pods.remote(creates))
-            self._created += len(creates)
+            self._create(creates)
         for s in steps:
             if s.action == "delete":
                 meta = s.pod["metadata"]
@@ -582,7 +643,7 @@ class EmbeddedRun:
         report = RunReport(shards=self.options.shards, nodes=len(self.nodes), pods_total=len(self.workload))
         started = time.monotonic()
         stop = threading.Event()
-        feeder = None
+        feeder = sampler = None
         with _interruptible() as signals:
             self._signals = signals
             try:
@@ -590,13 +651,15 @@ class EmbeddedRun:
                 self._start()
                 log.info("scheduling: %d pods on %d nodes, %d shards", len(self.workload), len(self.nodes),
                          self.options.shards)
-                t0 = time.monotonic()
+                t0 = self._t0 = time.monotonic()
                 self._t0_unix = time.time()
                 feeder = threading.Thread(target=self._drive, args=(t0, stop), daemon=True)
+                sampler = threading.Thread(target=self._sample, args=(report, t0, stop), daemon=True)
                 report.started = True
                 feeder.start()
+                sampler.start()
                 self._follow(report, t0, feeder)
-                self._settle(report, stop, feeder)
+                self._settle(report, stop, feeder, sampler)
             except KeyboardInterrupt as interrupt:
                 signals["stopping"] = True
                 signum = signals.get("received") or getattr(interrupt, "signum", signal.SIGINT)
@@ -606,7 +669,7 @@ class EmbeddedRun:
                     if not report.schedule_wall_s:
                         report.schedule_wall_s = time.monotonic() - t0
                     try:
-                        self._settle(report, stop, feeder)
+                        self._settle(report, stop, feeder, sampler)
                     except Exception as e:  # noqa: BLE001 - on the way out: say what is missing
                         report.errors.append(f"the report is incomplete: {type(e).__name__}: {e}")
             finally:
@@ -616,14 +679,16 @@ class EmbeddedRun:
         report.errors.extend(self._feeder_error)
         return report
 
-    def _settle(self, report: RunReport, stop: threading.Event, feeder: threading.Thread | None) -> None:
-        """Stop feeding and `_collect`. A run that did not settle (interrupted, timed out) first
-        stops the coordinator and shards (binds in flight finish) and lets the coordinator catch up
-        with the watch: its counts are then read from a cluster that no longer changes, so each pod
-        is counted once and a pod created or bound a moment ago is not taken for lost."""
+    def _settle(self, report: RunReport, stop: threading.Event, feeder: threading.Thread | None,
+                sampler: threading.Thread | None) -> None:
+        """Stop feeding and sampling, and `_collect`. A run that did not settle (interrupted, timed
+        out) first stops the coordinator and shards (binds in flight finish) and lets the coordinator
+        catch up with the watch: its counts are then read from a cluster that no longer changes, so
+        each pod is counted once and a pod created or bound a moment ago is not taken for lost."""
         stop.set()
-        if feeder is not None and feeder.ident is not None:
-            feeder.join(timeout=5)
+        for thread in (feeder, sampler):
+            if thread is not None and thread.ident is not None:
+                thread.join(timeout=5)
         if report.interrupted or report.timed_out:
             ray.get(self.coordinator.stop.remote(), timeout=30)
             ray.get(self.coordinator.catch_up.remote(), timeout=30)
@@ -654,7 +719,6 @@ class EmbeddedRun:
         total = report.pods_total
         last_bound = -1
         done_at = None
-        report.samples.append(Sample(0.0, 0, 0, 0.0))
         while True:
             time.sleep(min(FOLLOW_PERIOD_S, max(0.02, (time.monotonic() - t0) / 20)))
             self._supervise_redis(report, t0)
@@ -665,7 +729,6 @@ class EmbeddedRun:
             self.meter.sample()
             bound = status["bound_seen"]
             elapsed = time.monotonic() - t0
-            report.samples.append(Sample(elapsed, bound, status["pending"], self._utilization(counts["bound"])))
             if self.on_progress:
                 self.on_progress(bound, total, status)
             # settled: the workload is all created, and every pod not bound is known to the
@@ -706,10 +769,24 @@ class EmbeddedRun:
         self.meter.add(self.redis.pid, "redis")
         report.redis_restarts.append({"at_s": round(at_s, 1), "pid": pid, "exit": how})
 
-    def _utilization(self, bound_now: int) -> float:
-        """Cluster CPU requested by the bound workload pods / allocatable (uses the workload's mean
-        request: exact for the uniform burst)."""
-        return min(1.0, bound_now * self._mean_cpu / self._total_cpu) if self._total_cpu else 0.0
+    def _sample(self, report: RunReport, t0: float, stop: threading.Event) -> None:
+        """Read the simulated cluster every `SAMPLE_PERIOD_S` (on a fixed grid from ``t0``; a late
+        answer skips the points it overran) into ``report.samples`` until ``stop`` is set. The
+        cluster answers on a thread of its own, so the period holds while the coordinator is busy.
+        A sample's time is the middle of its read."""
+        k = 0
+        while True:
+            asked = time.monotonic()
+            try:
+                progress = ray.get(self.cluster.progress.remote(), timeout=10)
+            except Exception as e:  # noqa: BLE001 - the plot has what was sampled; the run goes on
+                log.warning("sampling the cluster stopped: %s: %s", type(e).__name__, e)
+                return
+            now = time.monotonic()
+            report.samples.append(Sample.of((asked + now) / 2 - t0, progress))
+            k = max(k + 1, int((now - t0) / SAMPLE_PERIOD_S) + 1)
+            if stop.wait(max(0.0, t0 + k * SAMPLE_PERIOD_S - time.monotonic())):
+                return
 
     def _collect(self, report: RunReport) -> None:
         inv = ray.get(self.cluster.invariants.remote())
@@ -723,9 +800,12 @@ class EmbeddedRun:
                 report.shard_snapshots.append(ray.get(s.snapshot.remote(), timeout=10))
             except Exception as e:  # noqa: BLE001 - a dead shard's numbers are lost, say so
                 report.errors.append(f"a shard did not report: {type(e).__name__}")
+        timeline = [entry for st in stats for entry in st.timeline]
+        if timeline and not (report.interrupted or report.timed_out or report.errors):
+            # the window ends at the last bind, as the shards timed it (progress is followed less often)
+            report.schedule_wall_s = min(report.schedule_wall_s, max(t for t, _ in timeline) - self._t0_unix)
         steps = ray.get(self.coordinator.scale_history.remote())
         if steps:
-            timeline = [entry for st in stats for entry in st.timeline]
             report.scaling = scale_phases(steps, timeline, self._t0_unix, self._t0_unix + report.schedule_wall_s)
         for st in stats:
             report.latencies_s.extend(st.latencies_s)
@@ -743,12 +823,17 @@ class EmbeddedRun:
                                   - report.pods_deleted_unbound - report.lost_pods)
         if report.timed_out:  # the summary's pending count (the coordinator's includes the unschedulable)
             report.errors.append(f"timed out after {self.options.timeout_s:g} s with {report.pods_pending} pods pending")
+        report.samples.append(Sample.of(time.monotonic() - self._t0, ray.get(self.cluster.progress.remote())))
+        report.created_first_s, report.created_last_s = self._created_first_s, self._created_last_s
+        report.allocatable = dict(self._allocatable)
+        report.replay = self._is_replay()
         report.requeues = status["requeues"]
         report.replaced_shards = status["replaced_shards"]
         report.ledger_rebuilds = status["ledger_rebuilds"]
         report.coordinator_restarts = self.coordinator_restarts
         report.unschedulable_reasons = ray.get(self.coordinator.unschedulable_reasons.remote())
         report.cpu_s = self.meter.cpu_s()
+        report.metered_s = time.monotonic() - self._t0
         report.cpu_s_by_process = self.meter.cpu_by_label()
         report.ray_system_cpu_s = self.system_meter.cpu_s()
         self.meter.sample()
