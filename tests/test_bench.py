@@ -14,9 +14,6 @@ from shardsched.bench.harness import machine, parse_int_list
 from shardsched.cli.main import cli
 from shardsched.config import load_config
 
-PERF_DATA = perf.data_dir()
-needs_perf_data = pytest.mark.skipif(not PERF_DATA.is_dir(), reason=f"scheduler_perf data not found at {PERF_DATA} "
-                                     f"(set ${perf.DATA_DIR_ENV})")
 
 
 def _roundtrip(data: dict) -> dict:
@@ -75,7 +72,6 @@ def test_kube_like_always_uses_the_adaptive_percentage(source):
     assert {p.percentage_of_nodes_to_score for p in config.profiles} == {0}
 
 
-@needs_perf_data
 @pytest.mark.parametrize("workload, status, reason", [
     ("SchedulingBasic/5000Nodes_10000Pods", perf.RUN, None),
     ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.RUN, None),
@@ -92,7 +88,6 @@ def test_perf_catalog_says_what_runs_and_why_not(workload, status, reason):
         assert reason in "; ".join(entry["reasons"])
 
 
-@needs_perf_data
 def test_perf_plan_stamps_templates_and_defaults_allocatable():
     w = next(w for w in perf.load_workloads() if w.full_name == "SchedulingWithExtendedResource/fast")
     p = perf.plan(w, perf._Templates(), "default-scheduler")
@@ -130,7 +125,6 @@ def test_field_every_row_runs(ray_session, tmp_path):
     assert all((tmp_path / name).stat().st_size > 0 for name in ("field-throughput.png", "field-p99.png"))
 
 
-@needs_perf_data
 def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
                                         "PreemptionBasic/5Nodes"], timeout_s=120)
@@ -168,7 +162,6 @@ def test_cli_perf_help_says_which_workloads_run_and_where_the_data_comes_from():
     assert "kubernetes repository's test/integration/scheduler_perf" in text and "not the working directory" in text
 
 
-@needs_perf_data
 def test_cli_perf_list_is_json():
     result = CliRunner().invoke(cli, ["bench", "perf", "--list", "-o", "json"])
     assert result.exit_code == 0, result.output

@@ -1,7 +1,8 @@
 """``bench perf``: kube-scheduler's scheduler_perf workloads on the embedded simulated cluster.
 
 The workloads are read from upstream's ``*/performance-config.yaml`` files and templates (a copy
-lives in ``../shared/data/scheduler_perf``, see its README): each test case is a list of ops
+ships in ``shardsched/bench/workloads/scheduler_perf``, with its source and licence in its README):
+each test case is a list of ops
 (``createNodes``, ``createPods``, ``churn``, ...) whose counts come from a workload's ``params``;
 ``threshold`` is the pods/s upstream expects of kube-scheduler on that workload. The op semantics
 follow upstream's ``scheduler_perf.go``:
@@ -57,8 +58,8 @@ from shardsched.scheduler.whatif import build_schedulers
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.workload import PAUSE_IMAGE
 
-#: where the copy of upstream's scheduler_perf data lives, relative to the repository's parent
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "scheduler_perf"
+#: the copy of upstream's scheduler_perf workloads shipped in the package (package data)
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "workloads" / "scheduler_perf"
 DATA_DIR_ENV = "SHARDSCHED_SCHEDULER_PERF_DIR"
 
 #: upstream test/integration/scheduler_perf/batching/performance-config.yaml (commit d7ce957d),
@@ -141,8 +142,8 @@ class Workload:
 
 
 def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The scheduler_perf folder: ``path``, else ``$SHARDSCHED_SCHEDULER_PERF_DIR``, else
-    ``<repo>/../shared/data/scheduler_perf``."""
+    """The scheduler_perf folder: ``path``, else ``$SHARDSCHED_SCHEDULER_PERF_DIR``, else the copy
+    shipped in the package (`DEFAULT_DATA_DIR`)."""
     return Path(path or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
 
 

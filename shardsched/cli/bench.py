@@ -182,8 +182,8 @@ def field(**kw) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Folder of kube-scheduler's scheduler_perf workloads, copied from the kubernetes repository's "
                    "test/integration/scheduler_perf: one subfolder per test with its performance-config.yaml and "
-                   "the templates it names. Default: $SHARDSCHED_SCHEDULER_PERF_DIR, else shared/data/scheduler_perf "
-                   "beside the folder holding this shardsched checkout (not the working directory).")
+                   "the templates it names. Default: $SHARDSCHED_SCHEDULER_PERF_DIR, else the copy shipped with "
+                   "shardsched (shardsched/bench/workloads/scheduler_perf; not the working directory).")
 @click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shard actors of each workload's run.")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True, help="0 = adaptive.")
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
