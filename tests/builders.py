@@ -296,5 +296,5 @@ def run_score(plugin, p, table: NodeTable) -> dict[str, int] | None:
     slots = np.flatnonzero(table.valid_slots())
     raw = plugin.score(state, info, table, slots)
     if plugin.normalizes:
-        raw = plugin.normalize(state, info, raw)
+        raw = plugin.normalize_score(state, info, raw)
     return {table.names[s]: int(v) for s, v in zip(slots, raw)}

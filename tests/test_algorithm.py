@@ -36,7 +36,7 @@ def kube_totals(fw: Framework, table: NodeTable, p: PodInfo) -> dict[str, int]:
         if ws.plugin.pre_score(state, p, table).is_skip():
             continue
         raw = ws.plugin.score(state, p, table, slots)
-        total += ws.weight * (ws.plugin.normalize(state, p, raw) if ws.plugin.normalizes else raw)
+        total += ws.weight * (ws.plugin.normalize_score(state, p, raw) if ws.plugin.normalizes else raw)
     return {table.names[s]: int(v) for s, v in zip(slots, total)}
 
 
@@ -49,7 +49,7 @@ def scheduler_totals(sched: GenericScheduler, p: PodInfo) -> dict[str, int]:
     final = entry.final.copy()
     feasible = final >= 0
     for plugin, weight, raw in entry.scores_static:
-        final[feasible] += weight * plugin.normalize(entry.state, p, raw[feasible])
+        final[feasible] += weight * plugin.normalize_score(entry.state, p, raw[feasible])
     return {sched.table.names[s]: int(final[s]) for s in np.flatnonzero(feasible)}
 
 

@@ -186,6 +186,18 @@ def test_a_batch_binds_and_commits(ledger):
     assert shard.step() == 0
 
 
+def test_a_batch_records_filter_and_score_as_their_own_extension_points(ledger):
+    """kube's framework_extension_point_duration_seconds: one extension_point value per point
+    (Filter, Score), one observation of each per batch."""
+    cluster = cluster_of(4, 10, node_cpu="4")
+    publish(ledger, cluster, A)
+    shard = new_shard(ledger, cluster, RecordingRebalancer())
+    assert shard.step() == 10
+    family = next(f for f in shard.metrics.samples() if f[0].endswith("extension_point_duration_seconds"))
+    counts = {labels["extension_point"]: value for name, labels, value in family[3] if name.endswith("_count")}
+    assert counts == {"Filter": 1, "Score": 1}
+
+
 def test_in_batch_assume_spreads_a_batch_larger_than_a_node(ledger):
     """6 pods of 1 CPU, 3 nodes of 2 CPU, one batch: each pod sees the ones placed before it, so
     the batch fills every node exactly instead of piling onto the best-scored one."""

@@ -113,7 +113,7 @@ class FilterPlugin(PreFilterPlugin):
 
 class ScorePlugin(Plugin):
     static: ClassVar[bool] = False
-    #: whether `normalize` must be applied to the raw scores of the feasible nodes
+    #: whether `normalize_score` must be applied to the raw scores of the feasible nodes
     normalizes: ClassVar[bool] = False
 
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
@@ -129,7 +129,7 @@ class ScorePlugin(Plugin):
         `FilterPlugin.filter_slot`)."""
         return int(self.score(state, pod, table, np.array([slot]))[0])
 
-    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+    def normalize_score(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
         """Map raw scores of the feasible nodes (int64 array) to [0, 100]."""
         return raw
 
@@ -306,7 +306,7 @@ class Handle:
             self._waiting.pop(uid, None)
 
 
-def default_normalize(raw: np.ndarray, reverse: bool) -> np.ndarray:
+def default_normalize_score(raw: np.ndarray, reverse: bool) -> np.ndarray:
     """kube's ``helper.DefaultNormalizeScore``: scale to [0, 100] by the maximum; reverse = 100 - s.
 
     int64 array in, int64 array out (same shape). With a maximum of 0: all 0, or all 100 if reverse.

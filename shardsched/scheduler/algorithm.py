@@ -11,6 +11,7 @@ uniformly at random (here with a seedable numpy Generator).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,9 @@ MIN_FEASIBLE_NODES_TO_FIND = 100
 MIN_FEASIBLE_NODE_PERCENTAGE_TO_FIND = 5
 #: up to this many changed nodes, the cached path recomputes them with the scalar plugin paths
 _SCALAR_UPDATE_MAX = 8
+
+#: kube's ``extension_point`` label values of the points `GenericScheduler.duration_s` counts
+FILTER, SCORE = "Filter", "Score"
 
 
 @dataclass(slots=True)
@@ -97,6 +101,11 @@ class GenericScheduler:
         table: the node view; this class assumes placed pods into it (``assume=True``).
         seed: seed of the tie-breaking RNG (None = random).
         cache_size: max number of signatures kept (least recently inserted dropped first).
+
+    ``duration_s``: seconds `schedule` spent at each extension point since this scheduler was built,
+    by kube's ``extension_point`` label value: ``Filter`` (PreFilter and Filter) and ``Score``
+    (PreScore, Score, NormalizeScore and the selection of a node); the runtime turns them into
+    ``scheduler_framework_extension_point_duration_seconds``.
     """
 
     def __init__(self, framework: Framework, table: NodeTable, seed: int | None = None,
@@ -108,6 +117,7 @@ class GenericScheduler:
         self.cache_size = cache_size
         self.next_start_node_index = 0
         self._sampled = framework.percentage_of_nodes_to_score is not None
+        self.duration_s: dict[str, float] = {FILTER: 0.0, SCORE: 0.0}
 
     # ------------------------------------------------------------------ public
     def schedule(self, pod: PodInfo, assume: bool = True) -> ScheduleResult:
@@ -119,6 +129,7 @@ class GenericScheduler:
         table = self.table
         if table.num_nodes == 0:
             return ScheduleResult(pod, None, Status.unschedulable(NO_NODES_MESSAGE))
+        t0, counted = time.perf_counter(), self.duration_s[FILTER] + self.duration_s[SCORE]
         if pod.nominated_node_name:
             result = self._schedule_nominated(pod)
         elif self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
@@ -127,6 +138,9 @@ class GenericScheduler:
         else:
             entry = self._entry(pod)
             result = self._select(pod, entry)
+        # what `_compute` and `_update` did not count (cache look-ups, selection) counts as Score
+        duration = self.duration_s
+        duration[SCORE] += time.perf_counter() - t0 - (duration[FILTER] + duration[SCORE] - counted)
         if assume and result.node is not None:
             table.add_pod(PodUsage.of(pod), result.node)
         return result
@@ -173,6 +187,7 @@ class GenericScheduler:
         return entry
 
     def _compute(self, pod: PodInfo) -> _Entry:
+        t0 = time.perf_counter()
         table, fw = self.table, self.framework
         n = table.n
         state = CycleState()
@@ -196,6 +211,7 @@ class GenericScheduler:
                 static_ok &= f.filter(state, pod, table, everything)
             for f in fdyn:
                 dyn_ok &= f.filter(state, pod, table, everything)
+        t1 = time.perf_counter()
         # Scores only where the pod fits now: a node that starts to fit later changes first, and
         # a changed node is recomputed in full (filters and scores) by `_update`.
         feasible = static_ok & dyn_ok
@@ -231,30 +247,38 @@ class GenericScheduler:
                        static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected,
                        affinity_generation=affinity_generation, topology=topology)
         entry.final = np.where(feasible, dyn_score, -1)
+        self.duration_s[FILTER] += t1 - t0
+        self.duration_s[SCORE] += time.perf_counter() - t1
         return entry
 
     def _update(self, pod: PodInfo, entry: _Entry, dirty: np.ndarray) -> None:
         """Recompute dynamic filters and scores on the slots that changed (one by one with the
         plugins' scalar paths when few changed, vectorized otherwise)."""
         table, state = self.table, entry.state
+        t0 = time.perf_counter()
         if len(dirty) <= _SCALAR_UPDATE_MAX:
-            for slot in dirty.tolist():
-                ok = bool(entry.static_ok[slot]) and all(
-                    f.filter_slot(state, pod, table, slot) for f in entry.filters_dynamic)
+            slots = dirty.tolist()
+            oks = [bool(entry.static_ok[slot]) and all(f.filter_slot(state, pod, table, slot)
+                                                       for f in entry.filters_dynamic) for slot in slots]
+            t1 = time.perf_counter()
+            for slot, ok in zip(slots, oks):
                 score = sum(w * p.score_slot(state, pod, table, slot) for p, w in entry.scores_dynamic)
                 entry.dyn_ok[slot] = ok
                 entry.dyn_score[slot] = score
                 entry.final[slot] = score if ok else -1
-            return
-        ok = entry.static_ok[dirty]
-        for f in entry.filters_dynamic:
-            ok &= f.filter(state, pod, table, dirty)
-        score = np.zeros(len(dirty), np.int64)
-        for plugin, weight in entry.scores_dynamic:
-            score += weight * plugin.score(state, pod, table, dirty)
-        entry.dyn_ok[dirty] = ok
-        entry.dyn_score[dirty] = score
-        entry.final[dirty] = np.where(ok, score, -1)
+        else:
+            ok = entry.static_ok[dirty]
+            for f in entry.filters_dynamic:
+                ok &= f.filter(state, pod, table, dirty)
+            t1 = time.perf_counter()
+            score = np.zeros(len(dirty), np.int64)
+            for plugin, weight in entry.scores_dynamic:
+                score += weight * plugin.score(state, pod, table, dirty)
+            entry.dyn_ok[dirty] = ok
+            entry.dyn_score[dirty] = score
+            entry.final[dirty] = np.where(ok, score, -1)
+        self.duration_s[FILTER] += t1 - t0
+        self.duration_s[SCORE] += time.perf_counter() - t1
 
     # ------------------------------------------------------------------ select
     def _pick(self, candidates: np.ndarray) -> int:
@@ -270,7 +294,7 @@ class GenericScheduler:
             feasible = final >= 0
             final = final.copy()
             for plugin, weight, raw in entry.scores_static:
-                final[feasible] += weight * plugin.normalize(entry.state, pod, raw[feasible])
+                final[feasible] += weight * plugin.normalize_score(entry.state, pod, raw[feasible])
         best = int(final.max())
         if best < 0:
             return ScheduleResult(pod, None, self._diagnose(pod, entry.state, entry))
@@ -314,7 +338,7 @@ class GenericScheduler:
         self.next_start_node_index = (self.next_start_node_index + processed) % n
         total = entry.dyn_score[chosen].copy()
         for plugin, weight, raw in entry.scores_static:
-            total += weight * plugin.normalize(entry.state, pod, raw[chosen])
+            total += weight * plugin.normalize_score(entry.state, pod, raw[chosen])
         best = int(total.max())
         slot = int(chosen[self._pick(np.flatnonzero(total == best))])
         return ScheduleResult(pod, table.names[slot], Status.success())

@@ -435,7 +435,7 @@ class Shard:
         placed: list[tuple[QueuedPodInfo, ScheduleResult, int]] = []
         handoffs: list[Handoff] = []
         with self._lock:
-            t0 = time.perf_counter()
+            spent_before = {name: dict(s.duration_s) for name, s in self.schedulers.items()}
             for q in leased:
                 pod = q.pod_info
                 result = self.schedulers.get(pod.scheduler_name, self.default_scheduler).schedule(pod)
@@ -446,7 +446,11 @@ class Shard:
                     d = result.status.diagnosis
                     handoffs.append(Handoff(q, UNSCHEDULABLE_HERE, result.status.message,
                                             dict(d.reasons) if d else {}, d.num_all_nodes if d else self.table.num_nodes))
-            self.metrics.extension_point_duration.labels("Filter+Score", "Success", self.default_scheduler.framework.profile_name).observe(time.perf_counter() - t0)
+            for name, sched in self.schedulers.items():
+                for point, total_s in sched.duration_s.items():
+                    if total_s > spent_before[name][point]:
+                        self.metrics.extension_point_duration.labels(
+                            point, "Success", sched.framework.profile_name).observe(total_s - spent_before[name][point])
         for h in handoffs:
             self.metrics.schedule_attempts.labels(UNSCHEDULABLE, h.qpi.pod_info.scheduler_name).inc()
         if handoffs:

@@ -250,7 +250,7 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
             total = part if total is None else total + part
         return total.astype(np.int64)
 
-    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+    def normalize_score(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
         """Min-max over the feasible nodes to [0, 100] (upstream NormalizeScore; truncated)."""
         if raw.size == 0:
             return raw

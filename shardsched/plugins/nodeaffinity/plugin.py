@@ -15,7 +15,7 @@ import numpy as np
 from shardsched.api.objects import PodInfo, SelectorTerm, parse_node_affinity
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.cycle_state import CycleState
-from shardsched.framework.interface import FilterPlugin, Index, ScorePlugin, default_normalize
+from shardsched.framework.interface import FilterPlugin, Index, ScorePlugin, default_normalize_score
 from shardsched.framework.status import Status
 from shardsched.plugins.helper.node_selector import selector_mask, term_mask, terms_mask
 
@@ -69,8 +69,8 @@ class NodeAffinity(FilterPlugin, ScorePlugin):
             total = part if total is None else total + part
         return total
 
-    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
-        return default_normalize(raw, reverse=False)
+    def normalize_score(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+        return default_normalize_score(raw, reverse=False)
 
 
 def new(args: Any = None) -> NodeAffinity:

@@ -237,7 +237,7 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
             total += np.where(has, per_slot[idx] * weight + (c.max_skew - 1), 0.0)
         return np.where(scored[idx], np.floor(total + 0.5), -1).astype(np.int64)  # Go's math.Round
 
-    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+    def normalize_score(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
         """Upstream NormalizeScore over the feasible nodes (ignored nodes, raw -1, get 0)."""
         counted = raw >= 0
         if not counted.any():

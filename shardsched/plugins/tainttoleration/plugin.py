@@ -14,7 +14,7 @@ import numpy as np
 from shardsched.api.objects import PodInfo, Taint, Toleration
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.cycle_state import CycleState
-from shardsched.framework.interface import FilterPlugin, Index, ScorePlugin, default_normalize
+from shardsched.framework.interface import FilterPlugin, Index, ScorePlugin, default_normalize_score
 from shardsched.framework.status import Status
 
 NAME = "TaintToleration"
@@ -87,8 +87,8 @@ class TaintToleration(FilterPlugin, ScorePlugin):
     def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         return state.read(NAME + "/counts")[table.taint_set_id[: table.n][idx]]
 
-    def normalize(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
-        return default_normalize(raw, reverse=True)
+    def normalize_score(self, state: CycleState, pod: PodInfo, raw: np.ndarray) -> np.ndarray:
+        return default_normalize_score(raw, reverse=True)
 
 
 def new(args=None) -> TaintToleration:
