@@ -464,3 +464,133 @@ def test_objects_that_default_spreading_reads_are_ignored_with_what_it_means(tmp
     run = simulate(tmp_path, node("n1") + service + pod("p", cpu="100m"), "-o", "json")
     assert run.returncode == 0, run.stderr
     assert "ignoring object of kind 'Service'" in run.stderr and "default constraints" in run.stderr
+
+
+# ------------------------------------------------------------------ how files are read, as kubectl
+def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+NODE_AND_POD = textwrap.dedent(node("n1") + pod("café-free", cpu="100m")).replace("café-free", "p")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32", "utf-8-sig"],
+                         ids=["utf16-le-bom", "utf16-be-bom", "utf32-bom", "utf8-bom"])
+def test_a_manifest_with_a_byte_order_mark_is_read_in_its_encoding(tmp_path, encoding):
+    """kubectl reads UTF-8, and UTF-16 (here also UTF-32) when a byte order mark says so."""
+    data = NODE_AND_POD.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
+    path = write_bytes(tmp_path, "in.yaml", data)
+    run = subprocess.run(CLI + ["simulate", "-f", str(path), "-o", "json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert [(p["name"], p["status"]) for p in json.loads(run.stdout)["pods"]] == [("p", "Scheduled")]
+
+
+@pytest.mark.parametrize("data, message", [
+    (NODE_AND_POD.replace("name: p,", "name: p, labels: {owner: José},").encode("latin-1"),
+     "not UTF-8 text (byte 0xe9 at offset "),
+    (NODE_AND_POD.encode("utf-16-le"), "not text: it holds NUL bytes (UTF-16 or UTF-32 without a byte order mark?)"),
+], ids=["latin1", "utf16-without-bom"])
+def test_a_manifest_in_another_encoding_is_named_and_the_other_files_still_run(tmp_path, data, message):
+    bad = write_bytes(tmp_path, "bad.yaml", data)
+    run = simulate(tmp_path, node("n1") + pod("ok", cpu="100m"), "-f", str(bad), "-o", "json")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = [ln for ln in run.stderr.splitlines() if str(bad) in ln]
+    assert line.startswith(f"error: {bad}: cannot read: {message}")
+    assert "save it as UTF-8" in line
+    assert [(p["name"], p["status"]) for p in json.loads(run.stdout)["pods"]] == [("ok", "Scheduled")]
+
+
+def test_a_missing_file_is_fatal_in_kubectls_words(tmp_path):
+    """As ``kubectl apply -f``: nothing is simulated (no empty tables), exit status 1."""
+    missing = tmp_path / "nope.yaml"
+    run = simulate(tmp_path, node("n1") + pod("p"), "-f", str(missing))
+    assert (run.returncode, run.stdout) == (1, "")
+    assert run.stderr == f'error: the path "{missing}" does not exist\n'
+
+
+def test_an_object_without_kind_says_so(tmp_path):
+    run = simulate(tmp_path, node("n1") + "\n    apiVersion: v1\n    metadata: {name: what}\n    ---" + pod("p"),
+                   "-o", "json")
+    assert run.returncode == 2
+    assert (f"error: {tmp_path / 'in.yaml'}#2: object has no kind: every object needs apiVersion and kind "
+            "(kind: Pod, Node, ...)") in run.stderr
+    assert "None" not in run.stderr
+
+
+def test_a_null_quantity_is_zero_as_the_api_server_reads_it(tmp_path):
+    """``memory: null`` decodes to a zero Quantity in the API server: the pod is taken, with a
+    warning, and no schema internals are shown."""
+    spec = "containers: [{name: c, image: x, resources: {requests: {cpu: 500m, memory: null}}}]"
+    manifest = node("n1") + f"""
+    apiVersion: v1
+    kind: Pod
+    metadata: {{name: nullmem}}
+    spec: {{{spec}}}
+    ---"""
+    run = simulate(tmp_path, manifest, "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == (f"warning: {tmp_path / 'in.yaml'}#2: spec.containers[0].resources.requests.memory: null "
+                          "is read as 0, as the API server reads a null quantity\n")
+    [p] = json.loads(run.stdout)["pods"]
+    assert (p["status"], p["requests"]) == ("Scheduled", {"cpu": 500})
+
+
+def test_libyaml_reads_what_the_python_loader_reads():
+    """The fast loader (libyaml) gives the same objects as ``yaml.safe_load_all``: anchors, merge
+    keys, YAML 1.1 scalars, several documents."""
+    import yaml
+
+    from shardsched.api.manifests import load_yaml_documents
+
+    text = textwrap.dedent("""\
+        base: &b {cpu: 1, on: yes, when: 2026-12-01, mode: 0755}
+        pod: {<<: *b, cpu: 2, list: [*b, ~, 1e3, .inf]}
+        ---
+        - !!str 12
+        - "esc\\u00e9"
+        """)
+    assert load_yaml_documents(text) == list(yaml.safe_load_all(text))
+
+
+def test_without_a_terminal_the_table_does_not_wrap_at_80_columns(tmp_path):
+    """Off a terminal (no $COLUMNS) the table is laid out on 160 columns, not rich's 80, so a
+    row of a usual pod name stays on one line."""
+    name = "checkout-api-7d9f8b6c5d-x2k4p"
+    (tmp_path / "in.yaml").write_text(textwrap.dedent(node("n1") + pod(name, cpu="100m")))
+    run = subprocess.run(CLI + ["simulate", "-f", str(tmp_path / "in.yaml")], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    assert run.returncode == 0, run.stderr
+    assert f"Successfully assigned default/{name} to n1" in run.stdout
+    assert 80 < max(len(line) for line in run.stdout.splitlines()) <= 160
+
+
+def test_progress_shows_on_a_terminal_only(tmp_path):
+    """A progress bar on stderr when it is a terminal and the output a table; on a pipe, or with
+    ``-o json``, stderr holds only what the input calls for."""
+    import pty
+
+    path = tmp_path / "in.yaml"
+    path.write_text(textwrap.dedent(node("n1") + pod("p", cpu="100m")))
+    out = {}
+    for mode in ("table", "json"):
+        leader, follower = pty.openpty()
+        with os.fdopen(leader, "rb", buffering=0) as tty:
+            run = subprocess.run(CLI + ["simulate", "-f", str(path), "-o", mode], stdout=subprocess.PIPE,
+                                 stderr=follower, timeout=120, env={**os.environ, "TERM": "xterm"})
+            os.close(follower)
+            chunks = []
+            try:
+                while chunk := tty.read(4096):
+                    chunks.append(chunk)
+            except OSError:  # EIO: the writer's side is closed
+                pass
+        assert run.returncode == 0
+        out[mode] = b"".join(chunks).decode(errors="replace")
+    assert "placing pods" in out["table"]
+    assert out["json"] == ""
+    piped = simulate(tmp_path, node("n1") + pod("p", cpu="100m"))
+    assert piped.returncode == 0 and piped.stderr == ""

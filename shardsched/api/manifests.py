@@ -1,8 +1,10 @@
 """Reading Kubernetes manifests: YAML or JSON files, multi-document, ``kind: List`` allowed.
 
-Each object is read as the API server would take it on create: schema-checked against the
-Kubernetes OpenAPI schema (strict: unknown fields are errors) with the ``kubernetes-validate``
-package; a ``metadata.generateName`` without a name gets a generated name; names and, for Pods,
+Files are decoded as kubectl decodes them (UTF-8, or UTF-16/UTF-32 by byte order mark) and YAML
+is parsed with libyaml (`load_yaml_documents`). Each object is read as the API server would take
+it on create (an object without ``kind`` is an error, a ``null`` quantity reads as 0):
+schema-checked against the Kubernetes OpenAPI schema (strict: unknown fields are errors) with
+the ``kubernetes-validate`` package; a ``metadata.generateName`` without a name gets a generated name; names and, for Pods,
 resources are checked with the API server's rules (`shardsched.api.validation`); then the objects
 are parsed into PodInfo / NodeInfo. Errors never stop the reading: each bad object becomes one
 `ManifestError` per problem, naming the file, the document (``file.yaml#2`` is the second
@@ -12,13 +14,17 @@ the rest is still read.
 
 from __future__ import annotations
 
+import codecs
+import copy
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import kubernetes_validate
+import numpy as np
 import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
@@ -88,15 +94,76 @@ class Manifests:
         return sorted(self.errors, key=lambda e: e.seq)
 
 
+class UnreadableText(ValueError):
+    """A manifest file whose bytes are not text in an encoding kubectl reads (`decode_manifest`)."""
+
+
+#: byte order marks kubectl honours (UTF-8's is dropped; UTF-32's before UTF-16's, which they start with)
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def decode_manifest(data: bytes) -> str:
+    """The text of a manifest file as kubectl reads it: UTF-8, or UTF-16/UTF-32 when the file
+    starts with their byte order mark (kubectl's reader overrides the encoding by BOM).
+
+    Raises:
+        UnreadableText: invalid UTF-8 (say Latin-1), NUL bytes (UTF-16 without a BOM), or invalid
+            text in the encoding its BOM names; the message gives the first bad byte's offset.
+    """
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8")
+    hint = "; save it as UTF-8 (kubectl reads UTF-8, or UTF-16 with a byte order mark)"
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as e:
+        bad = data[e.start:e.start + 1].hex()
+        raise UnreadableText(f"not {encoding.upper().removesuffix('-SIG')} text (byte 0x{bad} at offset "
+                             f"{e.start}){hint if encoding == 'utf-8' else ''}") from None
+    if "\x00" in text:
+        raise UnreadableText(f"not text: it holds NUL bytes (UTF-16 or UTF-32 without a byte order mark?){hint}")
+    return text
+
+
+#: Nesting of collections up to which libyaml's loader is used (it recurses in C, and a deep enough
+#: document overflows the stack); past it the pure-Python loader reads the file and says when it
+#: is nested too deeply. Kubernetes objects nest a few dozen levels.
+_FAST_YAML_MAX_DEPTH = 1000
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[{]}"))
+
+
+def _shallow(text: str) -> bool:
+    """Whether ``text`` surely nests at most `_FAST_YAML_MAX_DEPTH` collections: the deepest
+    bracket nesting (brackets in strings and comments count too) plus two levels per character of
+    the longest line prefix of indentation and block indicators."""
+    brackets = text.encode("utf-8", "surrogatepass").translate(_BRACKETS, _NOT_BRACKETS)
+    depth = int(np.cumsum(np.frombuffer(brackets, dtype=np.int8), dtype=np.int64).max()) if brackets else 0
+    budget = (_FAST_YAML_MAX_DEPTH - depth) // 2
+    return budget > 0 and re.search(r"(?m)^[ \t?:-]{%d}" % budget, text) is None
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """Every document of a YAML stream, as ``yaml.safe_load_all`` gives them, read with libyaml's
+    loader (``yaml.CSafeLoader``: the same safe constructors, about ten times faster) unless the
+    text may nest deeper than it can take (`_shallow`).
+
+    Raises:
+        yaml.YAMLError: a syntax error (``problem_mark`` gives the line).
+        RecursionError: nested deeper than the pure-Python loader's stack.
+    """
+    loader = yaml.CSafeLoader if _shallow(text) else yaml.SafeLoader
+    return list(yaml.load_all(text, Loader=loader))
+
+
 def _documents(path: Path) -> Iterator[tuple[str, Any]]:
     """Yield (location, object) for every object in the file, unfolding ``kind: List``; documents
     are numbered from 1 in the location."""
-    text = path.read_text()
+    text = decode_manifest(path.read_bytes())
     if path.suffix == ".json":
         loaded = json.loads(text)
         docs = loaded if isinstance(loaded, list) else [loaded]
     else:
-        docs = list(yaml.safe_load_all(text))
+        docs = load_yaml_documents(text)
     for i, doc in enumerate(docs, start=1):
         where = f"{path}#{i}"
         if doc is None:
@@ -130,6 +197,42 @@ class _SchemaCheck:
                 path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e.path).replace(".[", "[")
                 self._seen[key] = f"{path}: {e.message}" if path else e.message
         return self._seen[key]
+
+
+def _resource_lists(kind: str, obj: dict) -> Iterator[tuple[str, dict]]:
+    """(field path, map) of every resource list of a Pod or Node that holds a value."""
+    def maps(parent: Any, path: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+        for f in fields:
+            value = parent.get(f) if isinstance(parent, dict) else None
+            if isinstance(value, dict):
+                yield f"{path}.{f}", value
+
+    if kind == "Node":
+        yield from maps(obj.get("status"), "status", ("capacity", "allocatable"))
+        return
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for containers_field in ("initContainers", "containers"):
+        containers = spec.get(containers_field)
+        for i, c in enumerate(containers if isinstance(containers, list) else ()):
+            if isinstance(c, dict):
+                yield from maps(c.get("resources"), f"spec.{containers_field}[{i}].resources", ("requests", "limits"))
+    yield from maps(spec, "spec", ("overhead",))
+    yield from maps(spec.get("resources"), "spec.resources", ("requests", "limits"))
+
+
+def _null_quantities(kind: str, obj: dict) -> tuple[dict, list[str]]:
+    """``obj`` with each ``null`` quantity of its resource lists set to ``"0"``, as the API server
+    decodes one (a null Quantity is zero), and the paths of those values. ``obj`` itself is not
+    changed (a copy is made when there is one)."""
+    paths = [f"{path}.{name}" for path, items in _resource_lists(kind, obj) for name, v in items.items() if v is None]
+    if not paths:
+        return obj, paths
+    obj = copy.deepcopy(obj)
+    for _, items in _resource_lists(kind, obj):
+        items.update({name: "0" for name, v in items.items() if v is None})
+    return obj, paths
 
 
 def _named(obj: dict, taken: dict[str, str], key_of, rng: random.Random) -> tuple[dict | None, str]:
@@ -170,7 +273,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
         seed: seeds the names generated for ``metadata.generateName`` (``random.Random(seed)``,
             drawn in input order), so the same input gives the same names; None for fresh ones.
 
-    Never raises for bad content: unreadable files, YAML/JSON syntax errors, schema violations,
+    Never raises for bad content: unreadable files (an encoding kubectl does not read
+    included), YAML/JSON syntax errors, objects without a kind, schema violations,
     objects without a name or generateName, invalid names, resources the API server would refuse
     (`shardsched.api.validation.pod_problems`), invalid quantities and duplicate names become
     entries of ``errors``; a file without objects is a warning.
@@ -199,6 +303,9 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
         except RecursionError:  # nested deeper than the parser's stack (the API server refuses such bodies too)
             out.error(str(path), "nested too deeply to be read")
             continue
+        except UnreadableText as e:
+            out.error(str(path), f"cannot read: {e}")
+            continue
         if not docs:
             out.warnings.append(f"{path}: the file holds no objects")
         for where, obj in docs:
@@ -210,6 +317,9 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.error(where, f"expected a Kubernetes object, got {type(obj).__name__}")
                 continue
             kind = obj.get("kind")
+            if kind is None or kind == "":  # the API server's decoder: "Object 'Kind' is missing"
+                out.error(where, "object has no kind: every object needs apiVersion and kind (kind: Pod, Node, ...)")
+                continue
             if kind not in SUPPORTED_KINDS:
                 why = (f"; PodTopologySpread's default constraints, which kube-scheduler derives from a {kind} "
                        "selecting the pods, are not applied" if kind in SPREAD_SELECTOR_KINDS else "")
@@ -218,6 +328,10 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 continue
             if not obj.get("apiVersion"):
                 obj = {**obj, "apiVersion": _DEFAULT_API_VERSION[kind]}
+            if kind in ("Pod", "Node"):
+                obj, nulls = _null_quantities(kind, obj)
+                out.warnings.extend(f"{where}: {path}: null is read as 0, as the API server reads a null quantity"
+                                    for path in nulls)
             problem = check(obj)
             if problem:
                 out.error(where, f"invalid {kind}: {problem}")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from typing import Callable, Iterator
 
 import click
 
 from shardsched.errors import ConfigError
 
+#: exit code for input that stops the simulation: a bad --config, a -f file that does not exist
+EXIT_FATAL = 1
 #: exit code for invalid input (some objects were left out; the rest was simulated)
 EXIT_INVALID_INPUT = 2
 
@@ -49,21 +54,32 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
     node that is not in the input (it counts on no node); a bound pod that does not fit its
     node (the kubelet would reject it; it is kept on the node); pods whose schedulerName no
     profile has (kube-scheduler would leave them Pending; they are placed with the first
-    profile, and the warning says how many and which schedulerName).
+    profile, and the warning says how many and which schedulerName); a null quantity (read as
+    0, as the API server reads it).
+
+    \b
+    Files are read as kubectl reads them: UTF-8, or UTF-16/UTF-32 with a byte order mark.
+    On a terminal a progress bar shows on stderr while the input is read and pods are placed.
 
     \b
     Exit status: 0 when the simulation ran (unschedulable pods are a result);
-    2 when some input was invalid: each bad object is named on stderr, in input order, as
-    file#N: field: problem (N counts documents from 1), left out, and the rest is still
-    simulated and printed; 1 for a bad --config.
+    2 when some input was invalid: each bad object (or unreadable file) is named on stderr, in
+    input order, as file#N: field: problem (N counts documents from 1), left out, and the rest
+    is still simulated and printed; 1 for a bad --config or a -f file that does not exist
+    (kubectl's "error: the path ... does not exist"), and nothing is simulated.
     """
     from shardsched.scheduler.whatif import simulate as run_simulation
 
+    for f in files:
+        if not os.path.lexists(f):  # kubectl's words and status for a missing -f
+            click.echo(f'error: the path "{f}" does not exist', err=True)
+            sys.exit(EXIT_FATAL)
     try:
-        report = run_simulation(list(files), config_path, seed)
+        with _progress(output) as progress:
+            report = run_simulation(list(files), config_path, seed, progress)
     except ConfigError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FATAL)
     for w in report.warnings:
         click.echo(f"warning: {w}", err=True)
     for e in report.errors:
@@ -76,17 +92,42 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
         sys.exit(EXIT_INVALID_INPUT)
 
 
-def _print_table(report) -> None:
+@contextlib.contextmanager
+def _progress(output: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while the input is read and the pods are placed, when stderr is a
+    terminal and the output a table (nothing on a pipe or with ``-o json``); yields the
+    ``progress(done, total)`` callback of `shardsched.scheduler.whatif.simulate`, or None."""
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if output != "table" or not console.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("reading manifests", total=None)
+
+        def progress(done: int, total: int) -> None:
+            if done == 0:
+                bar.update(task, description="placing pods", total=total)
+            if done % 100 == 0:
+                bar.update(task, completed=done)
+
+        yield progress
+
+
+def _print_table(report) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     from shardsched.api.quantity import format_quantity
+    from shardsched.cli import output_console
 
     def fmt(res: dict) -> str:
         return ", ".join(f"{k}={format_quantity(k, v)}" for k, v in sorted(res.items()))
 
-    console = Console()
+    console = output_console()
     pods = Table(title="Pods (in the order they were placed)")
     for col in ("pod", "status", "node", "requests", "reason"):
         pods.add_column(col, overflow="fold")

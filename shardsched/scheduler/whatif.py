@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from shardsched.api.manifests import ManifestError, parse_nodes, parse_pods, read_manifests
 from shardsched.api.objects import PodInfo
@@ -101,11 +102,13 @@ def _misfit(table: NodeTable, pod: PodInfo) -> str | None:
     return None
 
 
-def simulate(paths: list[str | Path], config_path: str | Path | None = None, seed: int | None = 0) -> SimulationReport:
+def simulate(paths: list[str | Path], config_path: str | Path | None = None, seed: int | None = 0,
+             progress: Callable[[int, int], None] | None = None) -> SimulationReport:
     """Run the simulation over manifest files (see module docstring).
 
     ``seed`` breaks score ties and seeds the names generated for ``metadata.generateName``; the same
-    input and seed give the same report.
+    input and seed give the same report. ``progress(done, total)`` is called before each unbound
+    pod's attempt: ``done`` attempts of ``total`` (the unbound pods) are made.
 
     Raises:
         ConfigError: the configuration file is invalid (nothing is simulated then).
@@ -140,7 +143,9 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     pending.sort(key=lambda ip: queue_sort.sort_key(ip[1], float(ip[0]), ip[0]))
 
     unknown_scheduler: Counter[str] = Counter()
-    for _, pod in pending:
+    for done, (_, pod) in enumerate(pending):
+        if progress is not None:
+            progress(done, len(pending))
         requests = {k: v for k, v in pod.requests.items() if k != PODS}
         skip = _skip_reason(pod)
         if skip:
