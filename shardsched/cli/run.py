@@ -295,9 +295,15 @@ def _workload(kw, scheduler_name: str):
     return nodes, [(0.0, None, p) for p in pods], notes
 
 
+def _reachable(address: str, auth: str) -> None:
+    """Say on stderr how ``shardsched scale`` reaches this run: its Ray's address and token."""
+    click.echo(f"note: Ray at {address} ({auth}); from another terminal: shardsched scale --ray-address {address} "
+               "--shards N", err=True)
+
+
 def _execute(cls, config, nodes, workload, options, show_progress: bool):
     if not show_progress:
-        return cls(config, nodes, workload, options).run()
+        return cls(config, nodes, workload, options, on_started=_reachable).run()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]scheduling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -308,7 +314,7 @@ def _execute(cls, config, nodes, workload, options, show_progress: bool):
             info = f"pending {status['pending']}  unschedulable {status['unschedulable']}  requeues {status['requeues']}"
             progress.update(task, completed=bound, info=info)
 
-        return cls(config, nodes, workload, options, on_progress=on_progress).run()
+        return cls(config, nodes, workload, options, on_progress=on_progress, on_started=_reachable).run()
 
 
 def _print_summary(report) -> None:

@@ -25,6 +25,7 @@ from shardsched import gctune
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.coordinator import Coordinator
+from shardsched.sharding.rayaccess import enable_token_auth
 from shardsched.sharding.remote import Remote, RemoteBindTarget, RemoteRebalancer
 from shardsched.sharding.scaling import COORDINATOR_NAME, RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import Shard, ShardOptions
@@ -296,11 +297,15 @@ def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAM
     """Join a running Ray cluster (``ray_address``, default ``auto``: the one started on this
     machine) and return the handle of the coordinator named ``name`` in `RAY_NAMESPACE`.
 
+    Token authentication is turned on when a token is found (`rayaccess.enable_token_auth`), for
+    a given address as Ray does for ``auto``.
+
     Raises:
         NoRayError: no ``ray_address`` was given and no Ray instance runs on this machine.
         ShardschedError: Ray cannot be joined, or no such coordinator runs there.
     """
     if not ray.is_initialized():
+        enable_token_auth()
         try:
             ray.init(address=ray_address or "auto", namespace=RAY_NAMESPACE, logging_level=logging.WARNING,
                      log_to_driver=False, configure_logging=False)

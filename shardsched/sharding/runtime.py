@@ -26,6 +26,7 @@ import ray
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors, sim_cluster_actor
+from shardsched.sharding.rayaccess import describe_access
 from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig
@@ -364,15 +365,19 @@ class EmbeddedRun:
             a burst has every creation time 0.
         options: run options.
         on_progress: called about 4 times a second with (bound, total, status dict).
+        on_started: called once everything has started, before the workload, with how another
+            process joins this run's Ray: its address and authentication (`rayaccess.describe_access`).
     """
 
     def __init__(self, config: SchedulerConfiguration, nodes: list[dict], workload: list[tuple[float, float | None, dict]],
-                 options: RunOptions, on_progress: Callable[[int, int, dict], None] | None = None) -> None:
+                 options: RunOptions, on_progress: Callable[[int, int, dict], None] | None = None,
+                 on_started: Callable[[str, str], None] | None = None) -> None:
         self.config = config
         self.nodes = nodes
         self.workload = workload
         self.options = options
         self.on_progress = on_progress
+        self.on_started = on_started
         self.redis: EmbeddedRedis | None = None
         self.cluster = None
         self.coordinator = None
@@ -649,6 +654,8 @@ class EmbeddedRun:
             try:
                 log.info("starting Redis, Ray, the simulated cluster and the actors")
                 self._start()
+                if self.on_started:
+                    self.on_started(*describe_access())
                 log.info("scheduling: %d pods on %d nodes, %d shards", len(self.workload), len(self.nodes),
                          self.options.shards)
                 t0 = self._t0 = time.monotonic()
