@@ -118,7 +118,7 @@ def test_a_gated_pod_waits_outside_the_queues_until_its_last_gate_is_removed(led
     gated["spec"]["schedulingGates"] = [{"name": "a"}, {"name": "b"}]
     world.cluster.create_pods([gated, free])
     world.settle()
-    gauge = world.coordinator.metrics.pending_pods.labels("gated")
+    gauge = world.coordinator.state.metrics.pending_pods.labels("gated")
 
     status = world.coordinator.status()
     assert (status["gated"], status["pending"], status["unschedulable"]) == (1, 0, 0)
@@ -220,7 +220,7 @@ def test_what_the_watch_shows_while_redis_is_away_reaches_the_ledger_later(ledge
     world.coordinator.poll_watch()  # forget and observe fail: owed
     flaky.down = False
 
-    world.coordinator.check_ledger()
+    world.coordinator.ledger_sync.check()
 
     for name in ("node-00000", "node-00001"):
         assert ledger.node_usage(name).used == world.cluster.requested(name), name
@@ -230,7 +230,7 @@ def test_a_hung_shard_does_not_hold_up_the_control_loop(ledger):
     """A shard whose health ping hangs (a frozen process: the ping waits out its timeout) must not
     stall the watch and the routing: the coordinator's loop runs on while its health thread waits."""
     world = World(ledger, n_nodes=4, shards=2)
-    world.coordinator.health_period_s = 0.05
+    world.coordinator.health.period_s = 0.05
     hang = threading.Event()
     frozen = world.shards[1]
     frozen.ping = lambda: hang.wait(10) and frozen.member  # answers only once released
@@ -271,11 +271,11 @@ def test_the_relist_hook_runs_once_the_cluster_is_loaded_at_start_and_after_410(
 
     coordinator = Coordinator(CONFIG, ledger, Remote(cluster), new_shard, 2)
     seen: list[int] = []
-    coordinator.on_relist = lambda: seen.append(len(coordinator.pending))
+    coordinator.on_relist = lambda: seen.append(len(coordinator.state.pending))
     coordinator.start()
     assert seen == [5]
     cluster.create_pods(uniform_pods(2, cpu="1", scheduler_name="shardsched", prefix="late-"))
-    coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
+    coordinator.state.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
     assert coordinator.poll_watch()
     assert seen == [5, 7]
 
@@ -285,15 +285,15 @@ def test_a_relist_keeps_the_owners_drops_nodes_gone_and_places_new_ones_by_load(
     handover for them), a node deleted meanwhile leaves its shard and the ledger, and a node
     created meanwhile goes to a shard below its share (the map stays balanced)."""
     world = World(ledger, n_nodes=6, shards=2)
-    before = dict(world.coordinator.owners)
+    before = dict(world.coordinator.state.owners)
     assert sorted(Counter(before.values()).values()) == [3, 3]
     gone = sorted(before)[0]
     world.cluster.delete_node(gone)
     world.cluster.create_nodes(uniform_nodes(1, cpu="4", prefix="late-"))
-    world.coordinator.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
+    world.coordinator.state.rv = 10**9  # a resourceVersion the cluster never gave: 410 Gone, relist
     assert world.coordinator.poll_watch()
 
-    after = world.coordinator.owners
+    after = world.coordinator.state.owners
     assert {n: after[n] for n in before if n != gone} == {n: i for n, i in before.items() if n != gone}
     (late,) = set(after) - set(before)
     assert after[late] == before[gone]  # the shard that lost a node is the one below its share
@@ -307,12 +307,12 @@ def test_a_node_deleted_and_created_again_in_one_poll_stays_with_its_shard(ledge
     ledger keep it and every pod that fits is bound (before, the removal was applied after the
     re-add, and the node was lost to its shard and the ledger)."""
     world = World(ledger, n_nodes=6, shards=2)
-    owner = world.coordinator.owners["node-00000"]
+    owner = world.coordinator.state.owners["node-00000"]
     world.cluster.delete_node("node-00000")
     world.cluster.create_nodes(uniform_nodes(1, cpu="4"))
     world.coordinator.poll_watch()
 
-    assert world.coordinator.owners["node-00000"] == owner
+    assert world.coordinator.state.owners["node-00000"] == owner
     assert "node-00000" in world.shards[owner].table.index
     assert ledger.owners()["node-00000"] == world.shards[owner].member
     world.create(24)  # 6 nodes x 4 cpu
@@ -326,9 +326,9 @@ def test_a_node_created_and_deleted_in_one_poll_is_never_owned(ledger):
     world.cluster.delete_node("brief-00000")
     world.coordinator.poll_watch()
 
-    assert "brief-00000" not in world.coordinator.owners and "brief-00000" not in ledger.owners()
+    assert "brief-00000" not in world.coordinator.state.owners and "brief-00000" not in ledger.owners()
     assert all("brief-00000" not in s.table.index for s in world.shards.values())
-    assert sorted(Counter(world.coordinator.owners.values()).values()) == [3, 3]
+    assert sorted(Counter(world.coordinator.state.owners.values()).values()) == [3, 3]
     world.create(24)
     world.settle()
     assert world.cluster.invariants()["pods_bound"] == 24
@@ -380,7 +380,7 @@ def test_pods_created_one_at_a_time_spread_over_every_shards_nodes(ledger):
     with the most free room, not always to the first: they spread over all the nodes as
     kube-scheduler's LeastAllocated spreads them, instead of piling onto one shard's half."""
     world = World(ledger, n_nodes=6, shards=2)
-    owners = world.coordinator.owners
+    owners = world.coordinator.state.owners
     assert set(owners.values()) == {0, 1}, owners
     for i in range(12):
         world.create(1, prefix=f"one-{i}-")
@@ -399,7 +399,7 @@ PACKING = load_config(CONFIG_TEXT + PACKING_ARGS)
 
 
 def _pods_per_node(world: World) -> list[int]:
-    per_node = {name: 0 for name in world.coordinator.owners}
+    per_node = {name: 0 for name in world.coordinator.state.owners}
     for p in world.cluster.list_pods()[0]:
         per_node[p["spec"]["nodeName"]] += 1
     return sorted(per_node.values())
@@ -413,7 +413,7 @@ def test_a_packing_profile_fills_nodes_across_shards_in_kube_schedulers_order(le
     or 4, 4, 3, 1 (one at a time) instead of three full nodes. The coordinator now routes such a profile's pods to
     the shard holding the fullest node with room, for a burst as for pods arriving one at a time."""
     world = World(ledger, n_nodes=6, shards=2, config=PACKING)
-    assert set(world.coordinator.owners.values()) == {0, 1}
+    assert set(world.coordinator.state.owners.values()) == {0, 1}
     if arrival == "burst":
         world.create(12, prefix="pack-")
         world.coordinator.poll_watch()
@@ -487,8 +487,8 @@ def test_zone_spread_across_shards_is_kept_through_nominated_nodes(ledger):
     world.cluster.create_pods(constrained_pods(9, "web", topologySpreadConstraints=spread))
     world.settle()
     assert zones_of(world, "web") == {"z0": 3, "z1": 3, "z2": 3}
-    assert world.coordinator.counters["nominated"] >= 9
-    assert world.coordinator.nominated == {}  # every assume gave way to the binding
+    assert world.coordinator.state.counters["nominated"] >= 9
+    assert world.coordinator.state.nominated == {}  # every assume gave way to the binding
     inv = world.cluster.invariants()
     assert inv["pods_bound"] == 9 and inv["bind_conflicts"] == 0
 
@@ -523,7 +523,7 @@ def test_a_nominated_node_that_no_longer_fits_is_replaced(ledger):
                "labelSelector": {"matchLabels": {"app": "web"}}}]
     world.cluster.create_pods(constrained_pods(1, "web", topologySpreadConstraints=spread))
     world.coordinator.poll_watch()
-    [(uid, first)] = world.coordinator.nominated.items()
+    [(uid, first)] = world.coordinator.state.nominated.items()
     world.cluster.cordon(first)
     world.settle()
     [pod] = [p for p in world.cluster.list_pods()[0] if p["metadata"]["uid"] == uid]
@@ -538,9 +538,9 @@ def test_the_ledger_rebuild_does_not_count_nominated_pods(ledger):
                "labelSelector": {"matchLabels": {"app": "web"}}}]
     world.cluster.create_pods(constrained_pods(1, "web", topologySpreadConstraints=spread))
     world.coordinator.poll_watch()
-    [node] = world.coordinator.nominated.values()
-    assert world.coordinator.table.requested_of(node).get("cpu") == 1000  # assumed for the next decision
-    world.coordinator.rebuild_ledger()
+    [node] = world.coordinator.state.nominated.values()
+    assert world.coordinator.state.table.requested_of(node).get("cpu") == 1000  # assumed for the next decision
+    world.coordinator.ledger_sync.rebuild()
     assert world.ledger.node_usage(node).used.get("cpu", 0) == 0
 
 
@@ -603,7 +603,7 @@ def test_a_new_shard_incarnation_and_a_relist_get_the_namespaces(ledger):
     world.cluster.delete_namespace("team-a")  # and its guards
     world.coordinator.relist()  # before any poll: the relist alone must bring both changes
     assert all(s.table.namespace_labels.keys() == {"team-b"} for s in world.shards.values())
-    assert world.coordinator.table.labels_of_namespace("team-b")["team"] == "b"
+    assert world.coordinator.state.table.labels_of_namespace("team-b")["team"] == "b"
     world.settle()
     assert sum(bound_per_node(world, "shy").values()) == 2
 

@@ -224,7 +224,7 @@ def test_a_stale_owner_is_fenced_off_and_its_batch_comes_back_through_the_rebala
     assert step.ideal_fraction == 0.75 and abs(step.moved_fraction - 0.75) < 0.25
     assert results and all(r.code == ReserveCode.FENCED for r in results)  # planned under the old epoch
     assert any(r.node in moved for r in results)
-    assert world.coordinator.counters["requeues"] == 0  # handed off, not yet rebalanced
+    assert world.coordinator.state.counters["requeues"] == 0  # handed off, not yet rebalanced
     assert old.table.num_nodes == 40 - len(moved) and all(world.shards[i].table.num_nodes for i in (1, 2, 3))
 
     # A stale owner that knows the new epoch but not the new map: refused on a node it lost.
@@ -240,7 +240,7 @@ def test_a_stale_owner_is_fenced_off_and_its_batch_comes_back_through_the_rebala
 
     world.settle()
     inv = world.cluster.invariants()
-    assert world.coordinator.counters["requeues"] >= len(results)
+    assert world.coordinator.state.counters["requeues"] >= len(results)
     assert inv["pods_bound"] == 60 and inv["double_binds"] == 0 and inv["admission_rejections"] == 0
     assert inv["overcommitted_nodes"] == [] and world.coordinator.status()["pending"] == 0
     assert {world.cluster.get_pod("default", f"pod-{i:05d}")["spec"]["nodeName"] for i in range(60)} & moved
@@ -263,7 +263,7 @@ def test_removing_shards_drains_their_queues_to_the_others(ledger):
     assert step.nodes_moved in (20, 21) and step.moved_fraction == step.nodes_moved / 40
     assert not any(s.pending_keys() for s in removed) and all(s._stop.is_set() for s in removed)
     assert set(world.shards[0].pending_keys()) | set(world.shards[1].pending_keys()) == set().union(*queued.values())
-    assert len(world.coordinator.shards) == 2 and set(ledger.owners().values()) == {
+    assert len(world.coordinator.state.shards) == 2 and set(ledger.owners().values()) == {
         world.shards[0].member, world.shards[1].member}
     world.settle()
     inv = world.cluster.invariants()
@@ -278,15 +278,15 @@ def test_pods_of_a_removed_shard_whose_fate_never_arrives_are_routed_again_after
     world.create(30)
     world.coordinator.poll_watch()
     lost = world.shards[1].queue.pop_batch(1000)  # in flight when the shard goes away
-    world.coordinator.handover_grace_s = 0.0
+    world.coordinator.scaler.handover_grace_s = 0.0
 
     step = world.coordinator.scale(1)
 
     assert step.pods_in_flight == len(lost) > 0 and step.pods_rerouted == 0
-    assert all(world.coordinator.pending[q.pod_info.uid].shard == LIMBO for q in lost)
+    assert all(world.coordinator.state.pending[q.pod_info.uid].shard == LIMBO for q in lost)
     del world.shards[1]  # gone, with its batch
     world.settle()
-    assert world.coordinator.counters["limbo_rerouted"] == len(lost)
+    assert world.coordinator.state.counters["limbo_rerouted"] == len(lost)
     assert world.cluster.invariants()["pods_bound"] == 30
 
 
@@ -294,8 +294,8 @@ def test_a_shard_index_removed_and_added_again_gets_a_new_member(ledger):
     world = World(ledger, n_nodes=10, shards=2)
     world.coordinator.scale(1)
     world.coordinator.scale(3)
-    assert [s.member for s in world.coordinator.shards] == ["shard-0@1", "shard-1@2", "shard-2@1"]
-    assert world.coordinator.scale(3).nodes_moved == 0 and len(world.coordinator.scale_steps) == 2
+    assert [s.member for s in world.coordinator.state.shards] == ["shard-0@1", "shard-1@2", "shard-2@1"]
+    assert world.coordinator.scale(3).nodes_moved == 0 and len(world.coordinator.scaler.scale_steps) == 2
 
 
 # -------------------------------------------------------------------------------------- with Ray

@@ -174,16 +174,16 @@ class KubeRuntime:
             """The coordinator actor, plus the Kubernetes backend's health and metrics."""
 
             def cluster_health(self) -> dict:
-                return self.coordinator.cluster.target.health()
+                return self.coordinator.state.cluster.target.health()
 
             def cluster_metrics(self) -> list:
-                return self.coordinator.cluster.target.metric_samples()
+                return self.coordinator.state.cluster.target.metric_samples()
 
             def coordinator_metrics(self) -> list:
-                return self.coordinator.metrics.samples()
+                return self.coordinator.state.metrics.samples()
 
             def stop_cluster(self) -> None:
-                self.coordinator.cluster.target.stop()
+                self.coordinator.state.cluster.target.stop()
 
         if not ray.is_initialized():
             # ray.init installs a SIGTERM handler that exits at once (status 15, no orderly stop);
@@ -276,9 +276,9 @@ class KubeRuntime:
             return {}
         if self.options.mode == THREADS:
             # the current shards, labelled by index as in Ray mode (removed shards stop reporting)
-            out = {str(ref.index): ref.remote.target.metric_samples() for ref in list(self.coordinator.shards)}
+            out = {str(ref.index): ref.remote.target.metric_samples() for ref in list(self.coordinator.state.shards)}
             kube = self.cluster.metric_samples() if isinstance(self.cluster, KubeCluster) else []
-            out["coordinator"] = self.coordinator.metrics.samples() + kube
+            out["coordinator"] = self.coordinator.state.metrics.samples() + kube
             return out
         import ray
 

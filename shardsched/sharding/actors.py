@@ -172,30 +172,30 @@ class CoordinatorHost:
     def replace_shard(self, index: int) -> str:
         """Replace shard ``index`` by a new incarnation now, as after failed health checks, whether or
         not the old one still runs (chaos: two owners of the same nodes). Returns the new member."""
-        with self.coordinator._lock:
+        with self.coordinator.state.lock:
             self.coordinator.replace_shard(index)
-            return self.coordinator.shards[index].member
+            return self.coordinator.state.shards[index].member
     def scale(self, n, trigger="api"): return self.coordinator.scale(n, trigger).to_json()
     def scale_history(self): return self.coordinator.scale_history()
-    def retired_shard_stats(self): return self.coordinator.retired_stats
-    def metric_samples(self): return self.coordinator.metrics.samples()
+    def retired_shard_stats(self): return self.coordinator.scaler.retired_stats
+    def metric_samples(self): return self.coordinator.state.metrics.samples()
     def pid(self): return os.getpid()
 
     def shards(self) -> list[Any]:
         """Handles of the current shard actors."""
-        return [s.remote.target for s in self.coordinator.shards]
+        return [s.remote.target for s in self.coordinator.state.shards]
 
     def stop(self) -> None:
         """Stop the coordinator, then every shard at once (each applies its binding cycles and
         writes its queued Events: up to ~10 s, `ShardHost.stop`)."""
         self.coordinator.stop()
-        for s in self.coordinator.shards:  # binds not yet sent are not sent (pods back in the queue)
+        for s in self.coordinator.state.shards:  # binds not yet sent are not sent (pods back in the queue)
             try:
                 s.remote.target.drain_binds.remote()
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
                 pass
         refs = []
-        for s in self.coordinator.shards:
+        for s in self.coordinator.state.shards:
             try:
                 refs.append(s.remote.target.stop.remote())
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine

@@ -757,7 +757,7 @@ class EmbeddedRun:
         """When the embedded redis-server exited, log it and start it again on the same port with
         the same password (`EmbeddedRedis.restart`): it comes back empty, and the coordinator
         rebuilds the ledger from the cluster when it sees Redis' new run id
-        (`Coordinator.check_ledger`), as after any Redis restart. A Redis given by URL is not ours
+        (`LedgerSync.check`), as after any Redis restart. A Redis given by URL is not ours
         to restart.
 
         Raises:

@@ -1,0 +1,317 @@
+"""Watch intake: the cluster's list and watch applied to the coordinator's state.
+
+List, then events from the list's resourceVersion; relist on 410 Gone. Namespaces, nodes and pods
+change the table, the shard map and the tracked pods, and go to the shards that need them; pods
+bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the shard that
+owns their node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
+of the profiles pass their profile's PreEnqueue plugins first: a pod with ``spec.schedulingGates``
+waits, gated (not routed, no attempt, no FailedScheduling Event), until an update removes its last
+gate. What the intake returns (`Changes`) says which pending pods are new, for the router.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.cache.node_table import PodUsage
+from shardsched.errors import InvalidObjectError
+from shardsched.queue import GATED
+from shardsched.sharding.coordinator.events import fail_pod, mark_gated
+from shardsched.sharding.coordinator.ledger_sync import LedgerSync
+from shardsched.sharding.coordinator.nominator import unnominate
+from shardsched.sharding.coordinator.partition import assign_new, repartition
+from shardsched.sharding.coordinator.state import CoordinatorState
+from shardsched.sharding.remote import RemoteUnavailable
+from shardsched.store.ledger import BoundPod, NodeEntry
+
+log = logging.getLogger(__name__)
+
+#: watch events taken per poll: enough to amortize the call, few enough that decoding a burst's
+#: events does not balloon the coordinator's memory (a Python heap rarely shrinks back)
+WATCH_BATCH = 4000
+
+
+@dataclass
+class Changes:
+    """What one poll (or a relist) changed.
+
+    Attributes:
+        events: watch events applied (0: the watch had nothing new, or the cluster did not answer).
+        relisted: the cluster was listed again (start, 410 Gone).
+        new_pods: pending pods first seen, that may be queued, in watch order: to be routed.
+    """
+
+    events: int = 0
+    relisted: bool = False
+    new_pods: list[PodInfo] = field(default_factory=list)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.events or self.relisted)
+
+
+def parse_namespace(obj: dict) -> tuple[str, dict[str, str]] | None:
+    """(name, labels) of a Namespace object (`namespace_labels_of`); one without a name is logged
+    and gives None."""
+    try:
+        return namespace_labels_of(obj)
+    except InvalidObjectError as e:
+        log.error("namespace ignored: %s", e)
+        return None
+
+
+def namespace_labels(objs: Iterable[dict]) -> dict[str, dict[str, str]]:
+    """Namespace name -> labels of listed Namespace objects (`parse_namespace`)."""
+    return dict(filter(None, map(parse_namespace, objs)))
+
+
+class Intake:
+    """Applies the cluster's list and watch to ``state``; writes to the ledger through ``ledger_sync``."""
+
+    def __init__(self, state: CoordinatorState, ledger_sync: LedgerSync) -> None:
+        self.state = state
+        self.ledger_sync = ledger_sync
+
+    def relist(self) -> Changes:
+        """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
+        state = self.state
+        nodes, _ = state.cluster.ask("list_nodes")
+        pods, rv = state.cluster.ask("list_pods")
+        state.reset_table()
+        state.nominated.clear()
+        state.bound_on.clear()
+        state.gated.clear()  # the list shows every gated pod again
+        infos = []
+        for obj in nodes:
+            try:
+                infos.append(NodeInfo.from_object(obj))
+            except InvalidObjectError as e:
+                log.error("node %s ignored: %s", (obj.get("metadata") or {}).get("name"), e)
+        state.table.add_nodes(infos)
+        namespaces, _ = state.cluster.ask("list_namespaces")
+        state.table.set_namespaces(namespace_labels(namespaces), replace=True)
+        self.ledger_sync.instance = state.ledger.instance_id()  # the Redis the map is written to
+        gone = repartition(state, infos)
+        for s in state.shards:
+            mine = [n.obj for n in infos if state.owners.get(n.name) == s.index]
+            s.remote.call("set_epoch", state.epoch)
+            s.remote.call("apply_namespaces", state.table.namespace_labels, [], True)
+            s.remote.call("apply_nodes", mine, gone.get(s.index, []))
+        new = self._apply_pods([("ADDED", obj) for obj in pods])
+        state.rv = rv
+        return Changes(events=len(pods), relisted=True, new_pods=new)
+
+    def poll(self) -> Changes:
+        """Apply the watch events since `CoordinatorState.rv` (at most `WATCH_BATCH`); relist on
+        410 Gone. A cluster that does not answer changes nothing (`last_error` says why)."""
+        from shardsched.cluster import Gone
+
+        state = self.state
+        try:
+            events, rv = state.cluster.ask("events_since", state.rv, None, WATCH_BATCH)
+        except Gone:
+            log.warning("watch history compacted; relisting")
+            return self.relist()
+        except RemoteUnavailable as e:
+            state.last_error = f"cluster unavailable: {e}"
+            return Changes()
+        if not events:
+            state.rv = rv
+            return Changes()
+        node_events = [(e.type, e.object) for e in events if e.kind == "Node"]
+        pod_events = [(e.type, e.object) for e in events if e.kind == "Pod"]
+        namespace_events = [(e.type, e.object) for e in events if e.kind == "Namespace"]
+        if namespace_events:
+            self._apply_namespaces(namespace_events)
+        if node_events:
+            self._apply_nodes(node_events)
+        new = self._apply_pods(pod_events) if pod_events else []
+        state.rv = rv
+        return Changes(events=len(events), new_pods=new)
+
+    def _apply_namespaces(self, events: list[tuple[str, dict]]) -> None:
+        """Namespaces created, relabelled or deleted: their labels decide which namespaces a pod
+        affinity term's ``namespaceSelector`` selects, here and in every shard (`Shard.apply_namespaces`)."""
+        state = self.state
+        last: dict[str, tuple[str, dict[str, str]]] = {}  # only a namespace's last event of the poll counts
+        for typ, obj in events:
+            parsed = parse_namespace(obj)
+            if parsed is not None:
+                last[parsed[0]] = (typ, parsed[1])
+        upserts = {name: labels for name, (typ, labels) in last.items() if typ != "DELETED"}
+        removed = [name for name, (typ, _) in last.items() if typ == "DELETED"]
+        if not state.table.set_namespaces(upserts, removed):
+            return
+        for s in state.shards:
+            s.remote.call("apply_namespaces", upserts, removed, False)
+
+    def _apply_nodes(self, events: list[tuple[str, dict]]) -> None:
+        state = self.state
+        # Only a node's last event of the poll counts: a node deleted and created again under the
+        # same name is an update (its shard and the ledger keep it), and one created and deleted
+        # is never placed.
+        last: dict[object, tuple[str, dict]] = {}
+        for typ, obj in events:
+            key = (obj.get("metadata") or {}).get("name") or id(obj)
+            last.pop(key, None)
+            last[key] = (typ, obj)
+        upserts: dict[int, list[dict]] = defaultdict(list)
+        removals: dict[int, list[str]] = defaultdict(list)
+        new_infos, entries = [], []
+        for typ, obj in last.values():
+            name = (obj.get("metadata") or {}).get("name")
+            if typ == "DELETED":
+                state.table.remove_node(name, keep_pods=True)  # its pods count again if it comes back
+                owner = state.owners.pop(name, None)
+                if owner is not None:
+                    removals[owner].append(name)
+                continue
+            try:
+                info = NodeInfo.from_object(obj)
+            except InvalidObjectError as e:
+                log.error("node %s ignored: %s", name, e)
+                continue
+            state.table.add_node(info)
+            if name not in state.owners:
+                new_infos.append(info)
+            else:
+                entries.append(NodeEntry(name, info.allocatable, None))
+                upserts[state.owners[name]].append(obj)
+        if new_infos:
+            state.owners.update(assign_new(state, [n.name for n in new_infos]))
+            for info in new_infos:
+                owner = state.owners[info.name]
+                entries.append(NodeEntry(info.name, info.allocatable, state.shards[owner].member))
+                upserts[owner].append(info.obj)
+        self.ledger_sync.owe_nodes(entries, (n for ns in removals.values() for n in ns))
+        self.ledger_sync.flush()
+        state.refresh_owner_slots()
+        for index in set(upserts) | set(removals):
+            state.shards[index].remote.call("apply_nodes", upserts.get(index, []), removals.get(index, []))
+        # A node deleted and created again under the same name while pods were still bound to it:
+        # the table counted them again (orphans); its owner shard must count them too.
+        for info in new_infos:
+            slot = state.table.index.get(info.name)
+            back = [(usage, info.name) for usage in state.bound_usages(slot)] if slot is not None else []
+            if back:
+                state.shards[state.owners[info.name]].remote.call("apply_bound", back, [])
+        for s in state.shards:
+            s.remote.call("move_all_to_active_or_backoff_queue", "NodeUpdate")
+
+    def _apply_pods(self, events: list[tuple[str, dict]]) -> list[PodInfo]:
+        """Apply pod events; returns the pending pods first seen, to be routed."""
+        state = self.state
+        # pending pods first seen in this batch, routed after it: a later event of the same batch
+        # (deleted, bound by someone else, updated) replaces or cancels the entry
+        new: dict[str, PodInfo] = {}
+        observe: list[BoundPod] = []
+        forget: dict[str, str] = {}
+        adds: dict[int, list] = defaultdict(list)
+        removes: dict[int, list[str]] = defaultdict(list)
+        unqueue: dict[int, list[str]] = defaultdict(list)
+        for typ, obj in events:
+            meta = obj.get("metadata") or {}
+            spec = obj.get("spec") or {}
+            uid = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            node = spec.get("nodeName") or ""
+            phase = (obj.get("status") or {}).get("phase") or "Pending"
+            terminal = phase in ("Succeeded", "Failed")
+            if typ == "DELETED" or (node and terminal):
+                new.pop(uid, None)
+                unnominate(state, uid)
+                if typ == "DELETED":
+                    state.invalid.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
+                old = state.bound_on.pop(uid, None)
+                if old is not None:
+                    state.table.remove_pod(uid)
+                # A pod first seen bound and already terminal (the kubelet rejected it at admission:
+                # the binding and the rejection in one event, or coalesced by a relist) was never
+                # counted here, but the shard that bound it committed it in the ledger and its table.
+                old = old or node
+                if old:
+                    forget[uid] = old
+                    if old in state.owners:
+                        removes[state.owners[old]].append(uid)
+                state.gated.pop(uid, None)
+                t = state.pending.pop(uid, None)
+                if t is not None:
+                    unqueue[t.shard].append(t.pod.key)
+                    state.unroute(t.shard)
+                continue
+            if node:
+                new.pop(uid, None)
+                state.gated.pop(uid, None)
+                unnominate(state, uid)  # its assume gives way to the truth
+                if state.bound_on.get(uid) == node:
+                    continue
+                t = state.pending.pop(uid, None)
+                if t is not None:
+                    pod = t.pod  # parsed when it was routed; the spec cannot change once bound
+                else:
+                    try:
+                        pod = PodInfo.from_object(obj)
+                    except InvalidObjectError as e:
+                        log.error("bound pod %s/%s has an invalid spec (%s); not counted",
+                                  meta.get("namespace"), meta.get("name"), e)
+                        continue
+                state.bound_on[uid] = node
+                usage = PodUsage.of(pod)
+                state.table.add_pod(usage, node)
+                observe.append(BoundPod(uid, node, pod.requests))
+                if node in state.owners:
+                    adds[state.owners[node]].append((usage, node))
+                if t is not None:
+                    state.unroute(t.shard)
+                    state.counters["bound"] += 1
+                    if t.shard != state.owners.get(node):
+                        unqueue[t.shard].append(t.pod.key)
+                continue
+            if uid in state.pending or meta.get("deletionTimestamp") or terminal:
+                continue
+            if (spec.get("schedulerName") or "default-scheduler") not in state.profiles:
+                continue
+            try:
+                pod = PodInfo.from_object(obj)
+            except InvalidObjectError as e:
+                key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+                if key not in state.invalid:
+                    state.invalid[key] = str(e)
+                    fail_pod(state, obj, f"invalid pod spec: {e}")
+                continue
+            if self._pre_enqueue(pod, obj):
+                new[uid] = pod
+            else:
+                new.pop(uid, None)
+        self.ledger_sync.owe_pods(observe, forget)
+        self.ledger_sync.flush()
+        for index, items in adds.items():
+            state.shards[index].remote.call("apply_bound", items, [])
+        for index, uids in removes.items():
+            state.shards[index].remote.call("apply_bound", [], uids)
+        for index, keys in unqueue.items():
+            if 0 <= index < len(state.shards):  # not a removed shard's (LIMBO)
+                state.shards[index].remote.call("remove_pods", keys)
+        state.metrics.pending_pods.labels(GATED).set(len(state.gated))
+        return list(new.values())
+
+    def _pre_enqueue(self, pod: PodInfo, obj: Mapping[str, Any]) -> bool:
+        """Whether a pending pod may be queued: its profile's PreEnqueue plugins pass (upstream's
+        PreEnqueue check as a pod enters the scheduling queue). A pod they reject waits in `gated`
+        until an update lets it pass; no attempt is counted and no FailedScheduling Event is
+        written. When it is first held and has no PodScheduled condition (an API server before
+        kube 1.26, a simulated cluster), it gets the one kube's API server gives a pod created
+        gated: PodScheduled=False, reason SchedulingGated; once, not at each of its updates."""
+        state = self.state
+        status = state.scheduler_for(pod).framework.run_pre_enqueue_plugins(pod)
+        if status.is_success():
+            state.gated.pop(pod.uid, None)
+            return True
+        if pod.uid not in state.gated:
+            state.gated[pod.uid] = pod.key
+            mark_gated(state, pod, obj)
+        return False

@@ -1,0 +1,118 @@
+"""The rebalancer: pods a shard could not place (`Handoff`) are tried on the shards not yet tried in
+this round; when none is left the round counts as one failed attempt: the pod gets
+``PodScheduled=False`` (reason Unschedulable) and a FailedScheduling Event with kube's message over
+all nodes, and waits in the unschedulable pods of the shard with the most matching nodes. After
+``maxSchedulingAttempts`` rounds a Warning event and the alert metric say so; the pod is still never
+dropped. A pod whose node is nominated over the whole cluster gets a new nomination instead."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+
+from shardsched.api.objects import PodInfo
+from shardsched.queue import QueuedPodInfo
+from shardsched.scheduler.algorithm import ScheduleResult
+from shardsched.sharding.coordinator.events import record_unschedulable
+from shardsched.sharding.coordinator.nominator import cluster_decision, needs_cluster_view, nominate
+from shardsched.sharding.coordinator.router import choose, shard_counts, slim
+from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
+from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, Handoff
+
+
+class Rebalancer:
+    """Takes the shards' hand-offs (from any thread) and decides where each pod goes next, in the
+    coordinator's loop (`rebalance`)."""
+
+    def __init__(self, state: CoordinatorState) -> None:
+        self.state = state
+        self._inbox: list[tuple[int, list[Handoff]]] = []
+        self._inbox_lock = threading.Lock()
+
+    def handoff(self, shard: int, items: list[Handoff]) -> None:
+        """Called by shards (fire and forget): pods they cannot place now."""
+        with self._inbox_lock:
+            self._inbox.append((shard, items))
+
+    def rebalance(self) -> bool:
+        """Decide for every pod handed off since the last call; call with the state lock held.
+        Returns whether there was any."""
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, []
+        if not inbox:
+            return False
+        state = self.state
+        forward: dict[int, list[PodInfo]] = defaultdict(list)
+        park: dict[int, list] = defaultdict(list)
+        retry: dict[int, list] = defaultdict(list)
+        for shard, items in inbox:
+            for h in items:
+                pod = h.qpi.pod_info
+                t = state.pending.get(pod.uid)
+                if t is None:  # bound or deleted meanwhile
+                    continue
+                t.unschedulable = False
+                state.metrics.requeues.labels(h.reason).inc()
+                state.counters["requeues"] += 1
+                if h.reason == FENCED:
+                    t.tried.clear()
+                elif h.reason != BIND_CONFLICT:  # a rejected bind says nothing about the shard's room
+                    t.tried.add(shard)
+                if needs_cluster_view(state, pod):
+                    # its node is chosen here over the whole cluster, afresh after any failure
+                    state.unroute(t.shard)
+                    target, nominated = nominate(state, pod.nominated(""))
+                    if nominated is not None:
+                        t.pod, h.qpi.pod_info, t.shard = slim(nominated), nominated, target
+                        state.routed[target] += 1
+                        retry[target].append(h.qpi)
+                        continue
+                    h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
+                    _, static = shard_counts(state, h.qpi.pod_info)
+                    self._give_up_round(t, h.qpi, cluster_decision(state, h.qpi.pod_info), static, shard, park)
+                    continue
+                room, static = shard_counts(state, pod)
+                target = choose(state, room, static, exclude=t.tried)
+                state.unroute(t.shard)
+                if target is not None:
+                    t.shard = target
+                    state.routed[target] += 1
+                    forward[target].append(pod)
+                    continue
+                # No shard left to try in this round. If the coordinator's own view still sees
+                # room, the shards' views are behind the watch: retry after a backoff, no attempt
+                # is counted. Otherwise the round is one failed attempt (kube's FailureHandler).
+                t.tried.clear()
+                result = state.scheduler_for(pod).schedule(pod, assume=False)
+                if result.node is not None and state.owners.get(result.node) is not None:
+                    target = state.owners[result.node]
+                    t.shard = target
+                    state.routed[target] += 1
+                    retry[target].append(h.qpi)
+                    continue
+                self._give_up_round(t, h.qpi, result, static, shard, park)
+        for index, qpis in retry.items():
+            state.shards[index].remote.call("accept", qpis, False)
+        for index, pods in forward.items():
+            state.shards[index].remote.call("add_pods", pods)
+        for index, qpis in park.items():
+            state.shards[index].remote.call("accept", qpis, True)
+        return True
+
+    def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult, static: np.ndarray,
+                       shard: int, park: dict[int, list]) -> None:
+        """A round over the cluster found no node (``failed``: the decision over the whole
+        cluster): one failed attempt (kube's FailureHandler); the pod waits among the
+        unschedulable pods of the shard with most matching nodes."""
+        state = self.state
+        t.rounds += 1
+        t.unschedulable = True
+        target = int(np.argmax(static)) if static.any() else min(shard, len(state.shards) - 1)
+        if not state.shards[target].alive:
+            target = next((s.index for s in state.shards if s.alive), shard)
+        t.shard = target
+        state.routed[target] += 1
+        record_unschedulable(state, t, failed.status.message)
+        park[target].append(qpi)
