@@ -59,7 +59,7 @@ def test_a_metrics_port_in_use_is_said_before_anything_starts(tmp_path):
     assert proc.stderr == f"error: --metrics-port {port}: Address already in use (127.0.0.1:{port})\n", proc.stderr
 
 
-@pytest.mark.parametrize("command", [["run"], ["serve"], ["bench", "field"], ["bench", "perf"], ["bench", "scaling"],
+@pytest.mark.parametrize("command", [["run"], ["serve"], ["simulate"], ["bench", "field"], ["bench", "perf"], ["bench", "scaling"],
                                      ["bench", "decision"]], ids=lambda c: "-".join(c))
 def test_every_option_has_help(command):
     """``--help`` documents every option: no option line without its text."""

@@ -562,6 +562,28 @@ def test_validation_error_names_file_and_path(data, path, message):
     assert any(message in line for line in matching), matching
 
 
+def test_mistakes_of_two_stages_are_named_together_with_the_closest_names():
+    """A misspelt field (found by the shape check) and a misspelt plugin (found once the shape is
+    valid) in one file: both are named, each with the closest known name (difflib)."""
+    data = doc(profile(plugins={"score": plugin_set(["NodeResourcesFitt"])},
+                       plugin_config=[("NodeResourcesFit", {"scoringStrategyy": {"type": "MostAllocated"}})]),
+               percentageOfNodesToScor=50)
+    with pytest.raises(ConfigError) as err:
+        parse(data)
+    lines = str(err.value).splitlines()
+    assert lines[0] == ("config.yaml: percentageOfNodesToScor: unknown field (did you mean "
+                        "percentageOfNodesToScore?)")
+    assert lines[1].startswith("config.yaml: profiles[0].plugins.score.enabled[0].name: unknown plugin "
+                               "'NodeResourcesFitt' (did you mean NodeResourcesFit?); supported plugins: ")
+    assert len(lines) == 2  # the args are checked once the document's shape is valid
+    del data["percentageOfNodesToScor"]
+    with pytest.raises(ConfigError) as err:
+        parse(data)
+    assert str(err.value).splitlines()[1] == (
+        "config.yaml: profiles[0].pluginConfig[0].args.scoringStrategyy: unknown field (did you mean "
+        "scoringStrategy?)")
+
+
 def test_scoring_type_error_reads_as_documented():
     data = doc(profile(plugin_config=[("NodeAffinity", None), ("NodeResourcesFit", {"scoringStrategy": {"type": "Foo"}})]))
     with pytest.raises(ConfigError) as err:

@@ -594,3 +594,23 @@ def test_progress_shows_on_a_terminal_only(tmp_path):
     assert out["json"] == ""
     piped = simulate(tmp_path, node("n1") + pod("p", cpu="100m"))
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_a_config_with_two_mistakes_names_both_with_the_closest_names(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(textwrap.dedent("""\
+        apiVersion: kubescheduler.config.k8s.io/v1
+        kind: KubeSchedulerConfiguration
+        percentageOfNodesToScor: 50
+        profiles:
+        - plugins:
+            filter:
+              enabled: [{name: NodeAfinity}]
+        """))
+    run = simulate(tmp_path, node("n1") + pod("p"), "--config", str(config))
+    assert (run.returncode, run.stdout) == (1, "")
+    lines = run.stderr.splitlines()
+    assert lines[0] == f"error: {config}: percentageOfNodesToScor: unknown field (did you mean percentageOfNodesToScore?)"
+    assert lines[1].startswith(f"error: {config}: profiles[0].plugins.filter.enabled[0].name: unknown plugin "
+                               "'NodeAfinity' (did you mean NodeAffinity?)")
+    assert len(lines) == 2

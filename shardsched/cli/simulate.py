@@ -26,7 +26,9 @@ EXIT_INVALID_INPUT = 2
                    "Default: kube's default profile.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for breaking score ties and for the names generated from metadata.generateName.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: the pods and nodes as tables (160 columns wide off a terminal); json: one object with "
+                   "pods (status, node, reason, requests) and nodes (allocatable, requested), for scripts.")
 def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output: str) -> None:
     """Place the unbound pods of Kubernetes manifests on their nodes, as kube-scheduler would.
 
@@ -78,7 +80,8 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
         with _progress(output) as progress:
             report = run_simulation(list(files), config_path, seed, progress)
     except ConfigError as e:
-        click.echo(f"error: {e}", err=True)
+        for line in str(e).splitlines():  # one problem a line
+            click.echo(f"error: {line}", err=True)
         sys.exit(EXIT_FATAL)
     for w in report.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -345,7 +345,7 @@ def validate_plugin_args(name: str, args: Any, loc: Loc = ("args",)) -> tuple[Pl
     try:
         parsed = args_type.model_validate(dict(args), by_name=False)
     except ValidationError as exc:
-        return None, errors + error_lines(exc, loc)
+        return None, errors + error_lines(exc, loc, args_type)
     return (None, errors) if errors else (parsed, [])
 
 

@@ -8,7 +8,9 @@ does the same.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NoReturn
+import difflib
+import types
+from typing import Annotated, Any, Iterable, NoReturn, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -92,10 +94,59 @@ def _message(err: Any) -> str:
     return msg[:1].lower() + msg[1:]
 
 
-def error_lines(exc: ValidationError, prefix: Loc = ()) -> list[tuple[str, str]]:
-    """pydantic's errors as ``(field path, message)`` pairs, the path under ``prefix``."""
+def _unwrap(tp: Any) -> Any:
+    """The type an annotation validates to: ``Optional[X]``/``X | None`` and ``Annotated[X, ...]`` give X."""
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def field_names(model: Any, loc: Loc) -> list[str]:
+    """YAML names of the fields of the model found at ``loc`` below ``model`` (through fields,
+    list items and dict values), or [] when there is no model there."""
+    tp = model
+    for part in loc:
+        tp = _unwrap(tp)
+        origin, args = get_origin(tp), get_args(tp)
+        if isinstance(part, int) and origin in (list, tuple) and args:
+            tp = args[0]
+        elif origin is dict and len(args) == 2:
+            tp = args[1]
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            info = next((f for n, f in tp.model_fields.items() if (f.alias or n) == part), None)
+            if info is None:
+                return []
+            tp = info.annotation
+        else:
+            return []
+    tp = _unwrap(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [f.alias or n for n, f in tp.model_fields.items()]
+    return []
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the closest of ``choices`` to a misspelt ``name`` (difflib), or ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def error_lines(exc: ValidationError, prefix: Loc = (), model: Any = None) -> list[tuple[str, str]]:
+    """pydantic's errors as ``(field path, message)`` pairs, the path under ``prefix``; an
+    unknown field of ``model`` (the validated model class) says which known field is closest."""
     out = []
     for err in exc.errors():
         loc = prefix + tuple(err["loc"]) + tuple((err.get("ctx") or {}).get("subpath", ()))
-        out.append((render_path(loc), _message(err)))
+        message = _message(err)
+        if err["type"] == "extra_forbidden" and model is not None and err["loc"]:
+            message += did_you_mean(str(err["loc"][-1]), field_names(model, tuple(err["loc"][:-1])))
+        out.append((render_path(loc), message))
     return out

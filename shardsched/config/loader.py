@@ -25,7 +25,7 @@ from shardsched.config.registry import (
     API_VERSION, DEFAULT_SCHEDULER_NAME, DEPRECATED_API_VERSIONS, KIND,
     MULTI_POINT, PLUGIN_POINTS, UNIMPLEMENTED_PLUGINS, PluginRef, unsupported_plugin_message,
 )
-from shardsched.config.schema import FileSpec, PluginConfigSpec, PluginEntry, ProfileSpec
+from shardsched.config.schema import FileSpec, PluginConfigSpec, PluginEntry, PluginsSpec, ProfileSpec
 from shardsched.config.types import Profile, SchedulerConfiguration
 from shardsched.errors import ConfigError
 
@@ -80,7 +80,10 @@ def parse_config(text: str, source: str = "<string>", empty_is_default: bool = T
     try:
         spec = FileSpec.model_validate(data, by_name=False)
     except ValidationError as exc:
-        raise _error(source, error_lines(exc)) from None
+        problems = error_lines(exc, model=FileSpec)
+        flagged = {path for path, _ in problems}
+        problems += [p for p in _plugin_name_problems(data) if p[0] not in flagged]
+        raise _error(source, problems) from None
     profiles, problems = _profiles(spec)
     _raise(source, problems)
     return SchedulerConfiguration(
@@ -206,29 +209,69 @@ def _profile(spec: ProfileSpec, name: str, loc: Loc, percentage: int | None) -> 
 
 def _check_enabled(point: str, entries: list[PluginEntry], loc: Loc) -> Problems:
     """Enabled names: supported, implementing ``point`` (upstream ``updatePluginList``), not twice."""
+    return _check_enabled_names(point, [e.name for e in entries], loc)
+
+
+def _check_enabled_names(point: str, names: list[str | None], loc: Loc) -> Problems:
+    """`_check_enabled` over the names (None: an entry without a usable name, skipped)."""
     problems: Problems = []
     first_at: dict[str, int] = {}
-    for j, entry in enumerate(entries):
+    for j, name in enumerate(names):
         path = render_path(loc + (j, "name"))
-        if entry.name == "*":
+        if name is None:
+            continue
+        if name == "*":
             problems.append((path, '"*" is only allowed in disabled lists'))
-        elif entry.name not in PLUGIN_POINTS:
-            problems.append((path, unsupported_plugin_message(entry.name)))
-        elif point != MULTI_POINT and point not in PLUGIN_POINTS[entry.name]:
-            problems.append((path, f"{entry.name} does not implement {point} (it implements "
-                                   f"{', '.join(PLUGIN_POINTS[entry.name])})"))
-        elif entry.name in first_at:
-            problems.append((path, f"{entry.name} is already enabled at {render_path(loc + (first_at[entry.name],))}"))
+        elif name not in PLUGIN_POINTS:
+            problems.append((path, unsupported_plugin_message(name)))
+        elif point != MULTI_POINT and point not in PLUGIN_POINTS[name]:
+            problems.append((path, f"{name} does not implement {point} (it implements "
+                                   f"{', '.join(PLUGIN_POINTS[name])})"))
+        elif name in first_at:
+            problems.append((path, f"{name} is already enabled at {render_path(loc + (first_at[name],))}"))
         else:
-            first_at[entry.name] = j
+            first_at[name] = j
     return problems
 
 
 def _check_disabled(entries: list[PluginEntry], loc: Loc) -> Problems:
     """Disabled names: ``"*"``, a supported plugin, or a kube plugin shardsched does not implement."""
-    return [(render_path(loc + (j, "name")), unsupported_plugin_message(e.name) + '; "*" disables all')
-            for j, e in enumerate(entries)
-            if e.name != "*" and e.name not in PLUGIN_POINTS and e.name not in UNIMPLEMENTED_PLUGINS]
+    return _check_disabled_names([e.name for e in entries], loc)
+
+
+def _check_disabled_names(names: list[str | None], loc: Loc) -> Problems:
+    """`_check_disabled` over the names (None: skipped)."""
+    return [(render_path(loc + (j, "name")), unsupported_plugin_message(name) + '; "*" disables all')
+            for j, name in enumerate(names)
+            if name is not None and name != "*" and name not in PLUGIN_POINTS and name not in UNIMPLEMENTED_PLUGINS]
+
+
+def _plugin_name_problems(data: dict[str, Any]) -> Problems:
+    """The plugin name problems of a document whose shape is invalid elsewhere, read from the raw
+    data where it has the expected shape, so that one run names every mistake (a misspelt field and
+    a misspelt plugin): `_check_enabled` and `_check_disabled` of every set, and unsupported
+    ``pluginConfig`` names."""
+    def names(items: Any) -> list[str | None]:
+        items = items if isinstance(items, list) else []
+        return [i.get("name") if isinstance(i, dict) and isinstance(i.get("name"), str) else None for i in items]
+
+    problems: Problems = []
+    points = PluginsSpec.model_fields
+    aliases = {info.alias for info in points.values()}
+    profiles = data.get("profiles")
+    for i, profile in enumerate(profiles if isinstance(profiles, list) else ()):
+        if not isinstance(profile, dict):
+            continue
+        loc: Loc = ("profiles", i)
+        plugins = profile.get("plugins")
+        for point, sets in (plugins.items() if isinstance(plugins, dict) else ()):
+            if point in aliases and isinstance(sets, dict):
+                problems += _check_enabled_names(point, names(sets.get("enabled")), loc + ("plugins", point, "enabled"))
+                problems += _check_disabled_names(names(sets.get("disabled")), loc + ("plugins", point, "disabled"))
+        for j, name in enumerate(names(profile.get("pluginConfig"))):
+            if name is not None and name not in PLUGIN_POINTS:
+                problems.append((render_path(loc + ("pluginConfig", j, "name")), unsupported_plugin_message(name)))
+    return problems
 
 
 def _plugin_config(entries: list[PluginConfigSpec], loc: Loc) -> tuple[dict[str, PluginArgs], Problems]:

@@ -8,8 +8,9 @@ framework expands to every extension point each plugin implements (see `shardsch
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
+
+from shardsched.config.base import did_you_mean
 
 API_GROUP = "kubescheduler.config.k8s.io"
 API_VERSION = f"{API_GROUP}/v1"
@@ -107,6 +108,4 @@ def unsupported_plugin_message(name: str) -> str:
     if name in UNIMPLEMENTED_PLUGINS:
         return (f"shardsched does not implement kube-scheduler's {name} plugin (it may only be "
                 f"disabled); supported plugins: {supported}")
-    close = difflib.get_close_matches(name, SUPPORTED_PLUGINS, n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"unknown plugin {name!r}{hint}; supported plugins: {supported}"
+    return f"unknown plugin {name!r}{did_you_mean(name, SUPPORTED_PLUGINS)}; supported plugins: {supported}"
