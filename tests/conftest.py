@@ -55,7 +55,7 @@ def ray_session() -> Iterator[Any]:
 def simapi():
     """An HTTP peer on 127.0.0.1 serving a simulated cluster with nodes n0 and n1 (`SimApiServer`),
     requiring a bearer token; a watch sends bookmarks every 0.2 s."""
-    from shardsched.kube.simapi import SimApiServer
+    from shardsched.testing.simapi import SimApiServer
     from shardsched.sim.cluster import SimCluster
 
     from builders import node

@@ -175,7 +175,7 @@ def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
 
 def _count_connections(monkeypatch) -> list[int]:
     """Count the TCP connections the HTTP peer accepts from now on (one handler per connection)."""
-    from shardsched.kube import simapi as simapi_module
+    from shardsched.testing import simapi as simapi_module
 
     accepted = [0]
     real_setup = simapi_module._Handler.setup

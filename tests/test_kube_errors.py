@@ -12,7 +12,7 @@ import pytest
 from shardsched.errors import PermanentError, TemporaryError
 from shardsched.kube.client import Api, ClientSpec, Forbidden, Garbage, Unauthorized, Unreachable
 from shardsched.kube.cluster import KubeCluster
-from shardsched.kube.simapi import SimApiServer
+from shardsched.testing.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
 from shardsched.cluster import ServerError
 
@@ -368,7 +368,7 @@ def test_a_watch_cut_from_another_thread_never_reads_raw_tls_bytes(tmp_path):
     import ssl
 
     pytest.importorskip("cryptography")
-    from shardsched.kube.envtest import _self_signed
+    from shardsched.testing.envtest import _self_signed
     from shardsched.kube.informer import shutdown_socket
 
     cert, key = _self_signed(tmp_path)

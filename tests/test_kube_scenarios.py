@@ -23,11 +23,12 @@ from typing import Callable
 import pytest
 
 from shardsched.config import parse_config
-from shardsched.kube import envtest
+from shardsched.bench.serve_cluster import register_node
+from shardsched.testing import envtest
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.kube.runtime import THREADS, KubeRuntime, RuntimeOptions
-from shardsched.kube.simapi import SimApiServer
+from shardsched.testing.simapi import SimApiServer
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.cluster import SimCluster
 
@@ -153,7 +154,7 @@ class EnvtestBackend(Backend):
 
     def create_nodes(self, nodes):
         for n in nodes:
-            envtest.register_node(self.admin, n)
+            register_node(self.admin, n)
             self._created_nodes.append(n["metadata"]["name"])
 
     def create_pods(self, pods):

@@ -22,9 +22,10 @@ import warnings
 
 import pytest
 
-from shardsched.kube import envtest
+from shardsched.bench.serve_cluster import register_node
+from shardsched.testing import envtest
 from shardsched.kube.client import Api, ClientSpec
-from shardsched.kube.simapi import SimApiServer
+from shardsched.testing.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
 
 from builders import node, pod
@@ -521,7 +522,7 @@ def test_serve_bench_diagnoses_each_ratio_below_the_target_with_its_own_window(c
     """The bind ratio is explained by the server's CPU while shardsched bound, the ratio with the
     Events by its CPU until they were written; a ratio that meets the target gets no diagnosis."""
     from shardsched.cli import serve as serve_cli
-    from shardsched.kube.bench import BenchReport
+    from shardsched.bench.serve_report import BenchReport
 
     class Finished:  # a bench whose phases already ran: the report is what they measured
         interrupted = False
@@ -557,7 +558,7 @@ def test_the_bench_diagnosis_reads_the_api_servers_cpu():
 
 
 def _bench_phase(pod_name: str) -> str:
-    """Which phase of `serve --bench` binds this pod (names from `shardsched.kube.bench`)."""
+    """Which phase of `serve --bench` binds this pod (names from `shardsched.bench.serve`)."""
     if not pod_name.startswith("bench-api-"):
         return "scheduling"
     return "baseline" if pod_name.split("-")[3].startswith("b") else "second baseline"
@@ -618,7 +619,8 @@ def test_a_bench_stopped_after_its_window_says_so_and_what_it_compares(kubeconfi
     """A stop after the window, while the Events are still written or before the second baseline
     begins, marks the run interrupted with what that leaves out (it used to read as complete: no
     second baseline and no word of it, or a 60-s Events timeout that never elapsed)."""
-    from shardsched.kube.bench import Bench, BenchReport
+    from shardsched.bench.serve import Bench
+    from shardsched.bench.serve_report import BenchReport
 
     stop = threading.Event()
     bench = Bench(ClientSpec(kubeconfig=kubeconfig, qps=0), "shardsched-bench-x", stop=stop)
@@ -640,7 +642,7 @@ def test_a_bench_stopped_after_its_window_says_so_and_what_it_compares(kubeconfi
 
 def test_report_ratios_are_rounded_down_in_the_json():
     """``ratio >= 0.9`` on the JSON must not pass a 0.8996 (the table rounds down too)."""
-    from shardsched.kube.bench import BenchReport
+    from shardsched.bench.serve_report import BenchReport
 
     report = BenchReport(ratio=0.8996, ratio_with_events=0.95, pods_per_s=812.34567)
     data = report.to_json()
@@ -780,7 +782,8 @@ def test_the_fit_check_counts_every_page_of_bound_pods(monkeypatch, tmp_path):
 
     from shardsched.config import load_config
     from shardsched.errors import PermanentError
-    from shardsched.kube import bench as bench_mod
+    from shardsched.bench import serve_cluster
+    from shardsched.bench.serve import Bench
 
     sim = SimCluster()
     sim.create_nodes([node("small", cpu="8", pods=5)])
@@ -791,12 +794,12 @@ def test_the_fit_check_counts_every_page_of_bound_pods(monkeypatch, tmp_path):
         p["spec"]["nodeName"] = "small"
         running.append(p)
     sim.create_pods(running)
-    monkeypatch.setattr(bench_mod, "LIST_PAGE", 2)
+    monkeypatch.setattr(serve_cluster, "LIST_PAGE", 2)
     config = load_config(None)
     config = dataclasses.replace(config, profiles=[dataclasses.replace(config.profiles[0], scheduler_name="b-x")])
     with SimApiServer(sim) as srv:
         spec = ClientSpec(kubeconfig=srv.write_kubeconfig(str(tmp_path / "kubeconfig")))
-        bench = bench_mod.Bench(spec, "b-x", config=config)
+        bench = Bench(spec, "b-x", config=config)
         bench.check_fit(2, config, ["small"])  # fits: no error
         with pytest.raises(PermanentError, match=r"only 2 of the 10 bench pods fit the nodes.*Too many pods"):
             bench.check_fit(10, config, ["small"])
@@ -805,14 +808,14 @@ def test_the_fit_check_counts_every_page_of_bound_pods(monkeypatch, tmp_path):
 
 
 def test_the_bench_observer_reports_binds_and_runs_without_the_cyclic_collector(tmp_path):
-    """`_observe` (the bench's observer process, run here in a thread of this process so that its
+    """`observe` (the bench's observer process, run here in a thread of this process so that its
     effect on the collector can be read): it lists, says ready, reports each counted pod's bind
     and creation time once all are bound, and has turned the cyclic collector off (its full
     collections stalled the binds being measured)."""
     import gc
     import multiprocessing
 
-    from shardsched.kube import bench as bench_mod
+    from shardsched.bench import serve_cluster as bench_mod
 
     sim = SimCluster()
     sim.create_nodes([node("n0", cpu="8")])
@@ -829,7 +832,7 @@ def test_the_bench_observer_reports_binds_and_runs_without_the_cyclic_collector(
     try:
         with SimApiServer(sim) as srv:
             spec = ClientSpec(kubeconfig=srv.write_kubeconfig(str(tmp_path / "kubeconfig")))
-            t = threading.Thread(target=bench_mod._observe, args=(spec, "default", "obs", 3, child), daemon=True)
+            t = threading.Thread(target=bench_mod.observe, args=(spec, "default", "obs", 3, child), daemon=True)
             t.start()
             assert parent.poll(20) and parent.recv() == ("ready", None)
             assert not gc.isenabled()
@@ -872,8 +875,8 @@ def plane():
 def test_envtest_serve_and_leader_election(plane, redis_server, processes):
     admin = Api(ClientSpec(kubeconfig=plane.kubeconfig("admin")).api_client(), None, (5.0, 30.0))
     for i in range(2):
-        envtest.register_node(admin, {"metadata": {"name": f"env-n{i}"},
-                                      "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}})
+        register_node(admin, {"metadata": {"name": f"env-n{i}"},
+                           "status": {"allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}})
 
     def create_one(name: str) -> None:
         admin.request("POST", "/api/v1/namespaces/default/pods", verb="create", resource="pods",

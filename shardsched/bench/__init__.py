@@ -7,5 +7,6 @@ each benchmark runs and that its JSON is well formed.
 
 Modules: `decision` (the decision path alone), `field`, `perf` and `scaling` (end to end on the
 embedded run), `kubelike` (the baseline), `harness` (what they share), `profile` (py-spy per
-process), `plots` (PNG).
+process), `plots` (PNG); ``serve --bench`` against an API server: `serve` (the run), `serve_cluster`
+(its pods, nodes and observer), `serve_report` (its report and the API server's own figures).
 """

@@ -285,7 +285,7 @@ def serve(**kw) -> None:
     if kw["bench_pods"]:
         # the bench serves a scheduler name of its own (the first profile's plugins under another
         # name): the cluster's real pending pods are neither scheduled nor written to by it
-        from shardsched.kube.bench import bench_scheduler_name
+        from shardsched.bench.serve_cluster import bench_scheduler_name
 
         config = dataclasses.replace(config, profiles=[dataclasses.replace(config.profiles[0],
                                                                            scheduler_name=bench_scheduler_name())])
@@ -403,9 +403,9 @@ def serve(**kw) -> None:
 
 
 def _bench_prepare(spec, config, kw: dict, stop: threading.Event):
-    """Baseline and backlog before the scheduler starts (`shardsched.kube.bench`); (None, None)
+    """Baseline and backlog before the scheduler starts (`shardsched.bench.serve`); (None, None)
     when ``stop`` was set meanwhile (everything the bench made is deleted)."""
-    from shardsched.kube.bench import Bench, BenchInterrupted
+    from shardsched.bench.serve import Bench, BenchInterrupted
 
     from shardsched.kube.client import Forbidden
 
@@ -438,7 +438,7 @@ def _floor2(x: float) -> str:
 def _bench_diagnosis(cpu: dict, what: str = "ratio") -> str:
     """Why ``what`` (a ratio) is below the target, from the API server's CPU over the same window
     (``api_server_cpu_binds`` for the binds, ``api_server_cpu`` with the Events, of
-    `shardsched.kube.bench.BenchReport`): shardsched's rate / the baseline's ~= busy_ratio /
+    `shardsched.bench.serve_report.BenchReport`): shardsched's rate / the baseline's ~= busy_ratio /
     cost_ratio."""
     if cpu["busy_ratio"] is None:
         return (f"diagnosis ({what}): unknown (the API server's /metrics could not be read): shardsched, the API "

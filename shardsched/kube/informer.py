@@ -49,7 +49,7 @@ import urllib3
 
 from shardsched.errors import PermanentError, TemporaryError
 from shardsched.kube.client import Api, Garbage, classify, iter_lines, loads_json
-from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, Gone, Invalid, WatchEvent, read_event_log
+from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, Gone, WatchEvent, read_event_log
 
 log = logging.getLogger(__name__)
 

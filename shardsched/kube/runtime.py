@@ -293,7 +293,7 @@ class KubeRuntime:
     def events_settled(self) -> int:
         """Events every part of the scheduler has written or given up on (written, failed, dropped:
         ``shardsched_kube_events_written_total``), summed; a queued Event is not counted yet. For
-        ``serve --bench`` (`shardsched.kube.bench.Bench.wait_events`)."""
+        ``serve --bench`` (`shardsched.bench.serve.Bench.wait_events`)."""
         total = 0
         for families in self.metric_families().values():
             for name, _kind, _doc, samples in families:

@@ -6,8 +6,8 @@ and for shardsched's service account; `ControlPlane.stop` ends both processes an
 folder. No controller-manager and no kubelets run: nodes are plain objects and bound pods stay
 Pending, which is all a scheduler needs. Without a kubelet and the node lifecycle controller, a
 new node keeps the ``node.kubernetes.io/not-ready:NoSchedule`` taint that the API server's
-TaintNodesByCondition admission puts on it: `register_node` does the kubelet's and the controller's
-part (reports Ready, puts back the node's own taints).
+TaintNodesByCondition admission puts on it: `shardsched.bench.serve_cluster.register_node` does
+the kubelet's and the controller's part (reports Ready, puts back the node's own taints).
 
 Tokens (``--token-auth-file``):
 
@@ -35,7 +35,6 @@ import ssl
 from pathlib import Path
 
 from shardsched.errors import PermanentError
-from shardsched.kube.bench import register_node  # noqa: F401 - tests create nodes with it
 
 SERVICE_ACCOUNT_NAMESPACE = "shardsched"
 SERVICE_ACCOUNT = "shardsched"

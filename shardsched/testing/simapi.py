@@ -442,7 +442,7 @@ class SimApiServer:
         return h.reply(200, self.sim.get_pod(ns, name))
 
     def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:
-        """The two node patches `shardsched.kube.bench.register_node` makes: ``status.conditions``
+        """The two node patches `shardsched.bench.serve_cluster.register_node` makes: ``status.conditions``
         merged by type (``/status``), ``spec.taints`` replaced (``null`` removes them)."""
         import copy
 
