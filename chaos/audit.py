@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Any
 
 from shardsched.errors import ShardschedError
-from shardsched.sharding.actors import SimClusterHost
+from shardsched.sharding.sim_actor import SimClusterHost
 from shardsched.sim import SCHEDULER_NAME, FaultConfig
 from shardsched.store.ledger import Ledger
 from shardsched.store.server import connect

@@ -55,7 +55,7 @@ def test_ray_actors_of_the_scheduler_run_with_the_tuned_collector(ray_session):
 
     import ray
 
-    from shardsched.sharding.actors import SimClusterHost
+    from shardsched.sharding.sim_actor import SimClusterHost
 
     host = ray.remote(SimClusterHost).remote()
     try:

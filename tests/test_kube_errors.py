@@ -176,7 +176,8 @@ def test_watch_410_relists_and_reports_the_difference(server, cluster):
 def test_the_first_list_comes_whole_from_the_watch_cache_and_a_consistent_relist_is_paged(server, spec):
     """A large collection: the first list (resourceVersion=0) is one answer; after 410 Gone the
     relist pages through ``limit``/``continue`` without a resourceVersion and sees the same pods."""
-    from shardsched.kube.informer import Reflector, Store, watch_specs
+    from shardsched.kube.informer import Reflector
+    from shardsched.kube.watches import Store, watch_specs
 
     for i in range(7):
         pending(server.sim, f"many-{i}")
@@ -290,7 +291,8 @@ def test_api_request_of_garbage_json_is_typed(server, spec):
 def test_a_label_selected_watch_sees_only_the_labelled_pods(server, spec):
     """`WatchSpec.label_selector` goes to the server (list and watch); the peer serves equality
     and existence terms as kube does (``k!=v`` also matches pods without the label)."""
-    from shardsched.kube.informer import BOUND, POD, Reflector, Store, WatchSpec
+    from shardsched.kube.informer import Reflector
+    from shardsched.kube.watches import BOUND, POD, Store, WatchSpec
 
     def make(name: str, labels: dict) -> None:
         p = pod(name, cpu="100m")

@@ -27,7 +27,7 @@ from shardsched.bench.serve_cluster import register_node
 from shardsched.testing import envtest
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.cluster import KubeCluster
-from shardsched.kube.runtime import THREADS, KubeRuntime, RuntimeOptions
+from shardsched.kube.serving import THREADS, KubeRuntime, RuntimeOptions
 from shardsched.testing.simapi import SimApiServer
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.cluster import SimCluster

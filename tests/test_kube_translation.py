@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.errors import InvalidObjectError, PermanentError, TemporaryError
 from shardsched.kube.client import ClientSpec, Forbidden, TokenBucket, Unauthorized, classify, to_dict
-from shardsched.kube.informer import BOUND_WATCH, Store, watch_specs
+from shardsched.kube.watches import BOUND_WATCH, Store, watch_specs
 from shardsched.cluster import ADDED, DELETED, MODIFIED, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
 
 SCHED = "shardsched"
@@ -283,7 +283,7 @@ def test_events_and_conditions_yield_to_binds_in_flight():
     once the binds are done (and the linger passed), writes go out side by side again."""
     import threading
 
-    from shardsched.kube.writers import BindsFirst
+    from shardsched.kube.gate import BindsFirst
 
     gate = BindsFirst(while_binding=1, linger_s=0.02)
     lock, inside, peak, done = threading.Lock(), [0], [0], []
@@ -332,7 +332,7 @@ def test_events_and_conditions_wait_out_a_burst_of_binds():
     import threading
     import time
 
-    from shardsched.kube.writers import BindsFirst
+    from shardsched.kube.gate import BindsFirst
 
     gate = BindsFirst(while_binding=1, linger_s=0.02, hold_s=0.4, burst_pods=10)
     lock, entered, inside, peak = threading.Lock(), [], [0], [0]
@@ -401,7 +401,8 @@ def test_a_long_burst_holds_its_writes_once_not_once_per_write():
     import threading
     import time
 
-    from shardsched.kube.writers import BindsFirst, WorkQueue
+    from shardsched.kube.gate import BindsFirst
+    from shardsched.kube.writers import WorkQueue
 
     gate = BindsFirst(while_binding=1, linger_s=0.02, hold_s=0.5, burst_pods=10)
     done: list[float] = []
@@ -434,7 +435,7 @@ def test_a_write_held_by_a_burst_goes_out_when_the_burst_ends_though_a_small_cal
     import threading
     import time
 
-    from shardsched.kube.writers import BindsFirst
+    from shardsched.kube.gate import BindsFirst
 
     gate = BindsFirst(while_binding=1, linger_s=0.05, hold_s=3.0, burst_pods=10)
     small_may_end, went = threading.Event(), []
@@ -473,15 +474,15 @@ def test_a_write_asks_the_peers_when_its_own_burst_ends_between_two_looks(monkey
     import time
     import types
 
-    from shardsched.kube import writers
-    from shardsched.kube.writers import BindsFirst
+    from shardsched.kube import gate as gate_module
+    from shardsched.kube.gate import BindsFirst
 
     real = time.monotonic
     looks = iter([100.04, 100.06])  # first look: 40 ms after the burst ended; second: 60 ms
     t0 = real()
     clock = types.SimpleNamespace(monotonic=lambda: next(looks, None) or 200.0 + (real() - t0),
                                   time=time.time, sleep=time.sleep)
-    monkeypatch.setattr(writers, "time", clock)
+    monkeypatch.setattr(gate_module, "time", clock)
     gate = BindsFirst(linger_s=0.05, hold_s=10.0, burst_pods=10)
     gate._burst_ended = gate._bind_ended = 100.0  # this process's burst just ended
     answers = {"level": gate.BURST, "asked": 0}
@@ -513,7 +514,7 @@ def test_events_and_conditions_yield_to_the_binds_of_other_processes():
     import threading
     import time
 
-    from shardsched.kube.writers import BindsFirst
+    from shardsched.kube.gate import BindsFirst
 
     gate = BindsFirst(while_binding=1, linger_s=0.02)
     peers_binding = threading.Event()

@@ -1,6 +1,8 @@
 """The layer rules of pyproject.toml's ``[tool.importlinter]`` contracts, checked with import-linter:
 the scheduling core imports no client of an outside system, plugins import neither the sharded
-runtime nor a cluster backend, and the framework imports no concrete plugin."""
+runtime nor a cluster backend, the framework imports no concrete plugin, the two cluster backends
+(kube, sim) do not import each other, the cluster contract imports neither, and the scheduler
+imports no test infrastructure."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ from click.testing import CliRunner
 from shardsched.cli.main import cli
 from shardsched.cli.run import TRACE_REPLAY_TARGET_S, _plot, _print_summary, _trace_time_scale
 from shardsched.config import load_config
-from shardsched.sharding.actors import coordinator_actor, sim_cluster_actor
+from shardsched.sharding.actors import coordinator_actor
+from shardsched.sharding.sim_actor import sim_cluster_actor
 from shardsched.sharding.runtime import EmbeddedRun, RunOptions, RunReport
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim import FaultConfig, trace, uniform_nodes, uniform_pods

@@ -242,7 +242,7 @@ def serve(**kw) -> None:
     from shardsched.config import load_config, parse_config
     from shardsched.kube.client import ClientSpec
     from shardsched.kube.cluster import KubeCluster
-    from shardsched.kube.runtime import KubeRuntime, RuntimeOptions
+    from shardsched.kube.serving import KubeRuntime, RuntimeOptions
     from shardsched.sharding.shard import ShardOptions
 
     # serve's own progress (where it serves, candidate, leader) is INFO, shown without -v as

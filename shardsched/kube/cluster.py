@@ -6,9 +6,10 @@ The coordinator consumes it through `Remote` exactly like the simulated cluster:
   rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
   number; ``events_since(rv, kinds, limit)``: the changes after it, raising
   `shardsched.cluster.Gone` when the log no longer reaches back. The informers
-  (`shardsched.kube.informer`) list then watch nodes, namespaces, the pods bound to any node, and
-  our pending pods (server-side field selectors), with bookmarks, relisting on 410 and reconnecting
-  with backoff; they start on the first list and that first list waits for the caches to sync.
+  (`shardsched.kube.informer` over the watches of `shardsched.kube.watches`) list then watch nodes,
+  namespaces, the pods bound to any node, and our pending pods (server-side field selectors), with
+  bookmarks, relisting on 410 and reconnecting with backoff; they start on the first list and that
+  first list waits for the caches to sync.
 - ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
   queued and written in the background (`shardsched.kube.writers`).
 
@@ -40,8 +41,10 @@ from kubernetes import client as k8s
 from shardsched.errors import PermanentError
 from shardsched.kube.aio import AioApi
 from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
-from shardsched.kube.informer import Reflector, Store, watch_specs
-from shardsched.kube.writers import BindsFirst, EventRecorder, StatusWriter
+from shardsched.kube.informer import Reflector
+from shardsched.kube.watches import Store, watch_specs
+from shardsched.kube.gate import BindsFirst
+from shardsched.kube.writers import EventRecorder, StatusWriter
 from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, BindResult, Capabilities,
                                 Timeout, WatchEvent)
 

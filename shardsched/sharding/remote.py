@@ -73,7 +73,7 @@ class RemoteBindTarget:
     def __init__(self, cluster: Remote, timeout_s: float = 30.0) -> None:
         self.cluster = cluster
         self.timeout_s = timeout_s
-        # a local backend's binds-first gate (`shardsched.kube.writers.BindsFirst`), so that the
+        # a local backend's binds-first gate (`shardsched.kube.gate.BindsFirst`), so that the
         # shard marks its binds for the writers of the other processes; an actor's stays its own
         self.gate = None if cluster.is_actor else cluster.target.gate
 

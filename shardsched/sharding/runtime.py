@@ -25,8 +25,9 @@ import ray
 
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
-from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors, sim_cluster_actor
+from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors
 from shardsched.sharding.rayaccess import describe_access
+from shardsched.sharding.sim_actor import sim_cluster_actor
 from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig

@@ -33,7 +33,7 @@ key                        type    content
                                    writers of every process yield to
 ``P bursting``             zset    the same, for the shards whose binds in flight include a burst
                                    (a bind call that fills its request slots): the writers hold
-                                   back longer (`shardsched.kube.writers.BindsFirst`)
+                                   back longer (`shardsched.kube.gate.BindsFirst`)
 =========================  ======  ===============================================================
 
 Requests travel and are stored as a JSON flat list ``["pods",1,"cpu",500,...]`` in the order
@@ -602,7 +602,7 @@ class Ledger:
         """Mark ``shard`` as having binds in flight for ``ttl_ms`` ms (server time) from now, a
         burst among them with ``burst`` (a bind call that fills its request slots), or remove its
         marks with ``ttl_ms`` 0. The marks let the Event and condition writers of every process of
-        one scheduler yield to the binds of all (`shardsched.kube.writers.BindsFirst`), not only
+        one scheduler yield to the binds of all (`shardsched.kube.gate.BindsFirst`), not only
         to those of their own process. Raises: ``ValueError`` for a negative TTL."""
         if ttl_ms < 0:
             raise ValueError(f"ttl_ms must be >= 0, got {ttl_ms}")

@@ -1,0 +1,213 @@
+"""The watches of a scheduler (`watch_specs`) and the `Store` they feed: the objects of every watch,
+merged, and the log of their changes that the cluster contract's ``events_since`` serves
+(`Store.since`, raising `Gone` once the log no longer reaches back, exactly as the simulated
+cluster does). The `shardsched.kube.informer.Reflector` threads fill it.
+
+Pods come from two kinds of watch, both filtered on the server, that never send the same pod:
+
+- ``OURS``, one per schedulerName of our profiles:
+  ``spec.schedulerName=<name>,status.phase!=Succeeded,status.phase!=Failed`` (our pods, pending
+  and bound: no other scheduler's pending pod is ever sent to us);
+- ``BOUND``: ``spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`` plus
+  ``spec.schedulerName!=<name>`` for each of ours (every other pod that uses a node, whoever bound
+  it: default scheduler, DaemonSets, static pods).
+
+A pod's schedulerName cannot change, so each pod is on exactly one watch and its changes arrive in
+order: a bind of one of our pods (by us or by a rival binding it directly) is one MODIFIED event
+carrying ``spec.nodeName``, as kube-scheduler's own single pod watch sees it. The coordinator
+queues the pods without ``spec.nodeName`` and counts the others on their nodes.
+
+This split costs the API server one watch event per bind. A watch of our pending pods alone
+(``spec.nodeName=,spec.schedulerName=<name>``) beside a watch of all bound pods gets two for the
+same bind (the pending watch's DELETED when the pod leaves its selector, the bound watch's ADDED),
+and on an API server that is the limit of a burst that second event per pod cost more of its CPU
+than the bind itself gained (docs/kubernetes.md, Benchmark). Terminal pods leave either watch as
+DELETED (a field selector's exit), so they free their node's resources.
+
+A relist (after 410 Gone) replaces a watch's objects (`Store.replace`, client-go's Replace):
+ADDED/MODIFIED for new or changed objects, DELETED for the ones that disappeared, so consumers of
+`Store.since` never need to relist themselves.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterable
+
+from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, WatchEvent, read_event_log
+
+NODES, BOUND, OURS, NAMESPACES = "nodes", "bound", "ours", "namespaces"
+BOUND_WATCH = "pods-bound"
+#: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
+CHANGES = (ADDED, MODIFIED, DELETED)
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
+    ``field_selector``, ``role`` (NODES, BOUND, OURS or NAMESPACES) and an optional server-side
+    ``label_selector``."""
+
+    name: str
+    kind: str
+    path: str
+    field_selector: str
+    role: str
+    label_selector: str = ""
+
+    @property
+    def resource(self) -> str:
+        """For messages: ``pods (spec.nodeName=,...)``."""
+        base = self.path.rsplit("/", 1)[-1]
+        return f"{base} ({self.field_selector})" if self.field_selector else base
+
+
+def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
+    """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
+    for pod affinity's ``namespaceSelector``), each name's pods, and the other pods bound to nodes
+    (see module docstring)."""
+    names = sorted(set(scheduler_names))
+    live = "status.phase!=Succeeded,status.phase!=Failed"
+    others = "".join(f",spec.schedulerName!={name}" for name in names)
+    specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
+             WatchSpec(NAMESPACES, NAMESPACE, "/api/v1/namespaces", "", NAMESPACES),
+             WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
+    for name in names:
+        specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
+    return specs
+
+
+def _key(obj: dict, kind: str) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    if kind != POD:
+        return meta.get("name") or None
+    return meta.get("uid") or (f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("name") else None)
+
+
+def _rv(obj: dict) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Store:
+    """Objects of every watch, merged (module docstring), and the log of changes.
+
+    Args:
+        specs: the watches feeding it.
+        log_limit: changes kept for `since` (at least this many, at most 1/8 more); an older
+            sequence number answers `Gone`.
+
+    Thread-safe (one lock). Objects are the dicts from the API server; never modify them.
+    """
+
+    def __init__(self, specs: Iterable[WatchSpec], log_limit: int = 100_000) -> None:
+        self.specs = {s.name: s for s in specs}
+        self._members: dict[str, dict[str, dict]] = {name: {} for name in self.specs}
+        self._pod_watches = [s.name for s in self.specs.values() if s.kind == POD]
+        self._by_name: dict[str, dict] = {}  # "namespace/name" -> latest pod (any pod watch)
+        self._lock = threading.Lock()
+        self._log: list[WatchEvent] = []
+        self._limit = log_limit
+        self._slack = max(1, log_limit // 8)
+        self._compacted = 0
+        self._seq = 0
+        self._pinned: tuple[list[dict], int] | None = None
+
+    # ------------------------------------------------------------------ writes (reflectors)
+    def apply(self, watch: str, type_: str, obj: dict) -> None:
+        """Apply one watch event of watch ``watch`` (rules in the module docstring)."""
+        with self._lock:
+            self._apply(self.specs[watch], type_, obj)
+
+    def replace(self, watch: str, items: list[dict]) -> int:
+        """A fresh list of watch ``watch``: emit the differences (client-go's Replace). Returns how
+        many changes were emitted."""
+        spec = self.specs[watch]
+        with self._lock:
+            before = self._seq
+            old = self._members[watch]
+            new = {}
+            for obj in items:
+                k = _key(obj, spec.kind)
+                if k is not None:
+                    new[k] = obj
+            for k, obj in new.items():
+                prev = old.get(k)
+                if prev is None:
+                    self._apply(spec, ADDED, obj)
+                elif _rv(prev) != _rv(obj):
+                    self._apply(spec, MODIFIED, obj)
+            for k in [k for k in old if k not in new]:
+                self._apply(spec, DELETED, old[k])
+            return self._seq - before
+
+    def _apply(self, spec: WatchSpec, type_: str, obj: dict) -> None:
+        k = _key(obj, spec.kind)
+        if k is None:
+            return
+        mine = self._members[spec.name]
+        if type_ == DELETED:
+            if mine.pop(k, None) is None:
+                return  # never seen (or already gone): nothing to tell
+        else:
+            mine[k] = obj
+        if spec.kind == POD:
+            meta = obj.get("metadata") or {}
+            name_key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            if type_ == DELETED:
+                if (self._by_name.get(name_key) or {}).get("metadata", {}).get("uid") == meta.get("uid"):
+                    self._by_name.pop(name_key, None)
+            else:
+                self._by_name[name_key] = obj
+        self._seq += 1
+        self._log.append(WatchEvent(type_, spec.kind, obj, self._seq))
+        if len(self._log) > self._limit + self._slack:
+            drop = len(self._log) - self._limit
+            self._compacted = self._log[drop - 1].rv
+            del self._log[:drop]
+
+    # ------------------------------------------------------------------ reads (the protocol)
+    def _pods(self) -> list[dict]:
+        return [obj for name in self._pod_watches for obj in self._members[name].values()]
+
+    def list_nodes(self) -> tuple[list[dict], int]:
+        """All nodes and the sequence number to call `since` with. Pins the pods of the same moment
+        for the next `list_pods`, so a relist that reads nodes then pods sees one point in time."""
+        with self._lock:
+            self._pinned = (self._pods(), self._seq)
+            return list(self._members["nodes"].values()), self._seq
+
+    def list_pods(self) -> tuple[list[dict], int]:
+        """Every pod we know (our pending pods, and the non-terminal bound pods of anyone) and the
+        sequence number; the snapshot pinned by `list_nodes` when there is one."""
+        with self._lock:
+            pinned, self._pinned = self._pinned, None
+            return pinned if pinned is not None else (self._pods(), self._seq)
+
+    def list_namespaces(self) -> tuple[list[dict], int]:
+        """All Namespace objects and the sequence number ([] without a namespace watch)."""
+        with self._lock:
+            return list(self._members.get(NAMESPACES, {}).values()), self._seq
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        """The latest state of a pod we watch, or None."""
+        with self._lock:
+            return self._by_name.get(f"{namespace}/{name}")
+
+    def since(self, rv: int | str, kinds: Iterable[str] | None = None,
+              limit: int | None = None) -> tuple[list[WatchEvent], int]:
+        """Changes after sequence number ``rv``, oldest first (the simulated cluster's
+        ``events_since`` contract).
+
+        Returns: (events, new_rv). Raises: `Gone` (``rv`` compacted away, or from another
+        instance: list again), `Invalid` (``rv`` not an integer, ``limit`` < 1).
+        """
+        with self._lock:
+            return read_event_log(self._log, self._compacted, self._seq, rv, kinds, limit, "informer")
+
+    def counts(self) -> dict[str, int]:
+        """Objects per watch (for health and metrics)."""
+        with self._lock:
+            return {name: len(m) for name, m in self._members.items()}
