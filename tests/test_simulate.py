@@ -614,3 +614,52 @@ def test_a_config_with_two_mistakes_names_both_with_the_closest_names(tmp_path):
     assert lines[1].startswith(f"error: {config}: profiles[0].plugins.filter.enabled[0].name: unknown plugin "
                                "'NodeAfinity' (did you mean NodeAffinity?)")
     assert len(lines) == 2
+
+
+def test_host_network_ports_are_host_ports_as_the_api_server_defaults_them(tmp_path):
+    """With ``hostNetwork: true`` a container port is a host port (the API server sets hostPort
+    to containerPort on create): two such pods on one node would both listen on 9100, so the
+    second is refused by NodePorts, as kube-scheduler refuses it."""
+    spec = ("hostNetwork: true\n      containers: [{name: c, image: x, ports: [{containerPort: 9100}], "
+            "resources: {requests: {cpu: 100m}}}]")
+    manifest = node("n1") + "".join(f"""
+    apiVersion: v1
+    kind: Pod
+    metadata: {{name: exporter-{i}}}
+    spec:
+      {spec}
+    ---""" for i in (1, 2))
+    run = simulate(tmp_path, manifest, "-o", "json")
+    assert run.returncode == 0, run.stderr
+    out = by_key(json.loads(run.stdout))
+    assert out["default/exporter-1"]["status"] == "Scheduled"
+    assert (out["default/exporter-2"]["status"], out["default/exporter-2"]["reason"]) == (
+        "Unschedulable", "0/1 nodes are available: 1 node(s) didn't have free ports for the requested pod ports.")
+
+
+@pytest.mark.parametrize("existing, term, status", [
+    ("{app: w, rev: '1'}", "labelSelector: {matchLabels: {app: w}}, matchLabelKeys: [rev]", "Scheduled"),
+    ("{app: w, rev: '2'}", "labelSelector: {matchLabels: {app: w}}, matchLabelKeys: [rev]", "Unschedulable"),
+    ("{app: w, tenant: b}", "labelSelector: {matchLabels: {app: w}}, mismatchLabelKeys: [tenant]", "Unschedulable"),
+    ("{app: w, tenant: a}", "labelSelector: {matchLabels: {app: w}}, mismatchLabelKeys: [tenant]", "Scheduled"),
+], ids=["match-other-revision", "match-same-revision", "mismatch-other-tenant", "mismatch-same-tenant"])
+def test_pod_affinity_label_keys_narrow_the_selector(tmp_path, existing, term, status):
+    """A term's matchLabelKeys / mismatchLabelKeys join its labelSelector with the pod's own
+    values (key In / key NotIn), as the API server merges them on create: an anti-affinity to the
+    pods of the same revision leaves a node holding another revision's pod free."""
+    manifest = node("n1") + f"""
+    apiVersion: v1
+    kind: Pod
+    metadata: {{name: old, labels: {existing}}}
+    spec: {{nodeName: n1, containers: [{{name: c, image: x}}]}}
+    ---
+    apiVersion: v1
+    kind: Pod
+    metadata: {{name: new, labels: {{app: w, rev: '2', tenant: a}}}}
+    spec:
+      affinity: {{podAntiAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: [{{topologyKey: kubernetes.io/hostname, {term}}}]}}}}
+      containers: [{{name: c, image: x}}]
+    ---"""
+    run = simulate(tmp_path, manifest, "-o", "json")
+    assert run.returncode == 0, run.stderr
+    assert by_key(json.loads(run.stdout))["default/new"]["status"] == status

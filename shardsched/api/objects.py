@@ -232,13 +232,17 @@ def parse_node_affinity(na: Any, base: str) -> tuple[tuple[SelectorTerm, ...] | 
 
 
 def _ports(spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
+    """The host ports of the containers (NodePorts reads app containers). With ``hostNetwork`` a
+    port without ``hostPort`` takes its ``containerPort``, as the API server defaults it on create
+    (``defaultHostNetworkPorts``), so manifests read before that defaulting hold the same ports."""
     out = []
+    host_network = spec.get("hostNetwork") is True
     for i, c in enumerate(spec.get("containers") or []):
         for j, p in enumerate((c or {}).get("ports") or []):
             path = f"spec.containers[{i}].ports[{j}]"
             if not isinstance(p, Mapping):
                 raise InvalidObjectError("port must be an object", path)
-            hp = p.get("hostPort") or 0
+            hp = p.get("hostPort") or (p.get("containerPort") if host_network else 0) or 0
             if isinstance(hp, bool) or not isinstance(hp, int) or not 0 <= hp <= 65535:
                 raise InvalidObjectError(f"hostPort {hp!r} is not a port number", f"{path}.hostPort")
             if hp <= 0:
@@ -494,7 +498,7 @@ class PodInfo:
             tolerations=_tolerations(spec.get("tolerations")),
             host_ports=_ports(spec),
             scheduling_gates=_scheduling_gates(spec.get("schedulingGates")),
-            pod_affinity=parse_pod_affinity(affinity, namespace),
+            pod_affinity=parse_pod_affinity(affinity, namespace, labels),
             spread_constraints=parse_spread_constraints(spec.get("topologySpreadConstraints"), labels),
             claim_volumes=_claim_volumes(spec.get("volumes")),
             disk_volumes=_disk_volumes(spec.get("volumes")),

@@ -235,7 +235,15 @@ def _topology_key(obj: Mapping[str, Any], path: str) -> str:
     return key
 
 
-def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
+#: a pod affinity term's key lists merged into its labelSelector, and the operator each adds
+_TERM_LABEL_KEYS = (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn"))
+
+
+def _affinity_term(obj: Any, path: str, namespace: str, labels: Mapping[str, str]) -> AffinityTerm:
+    """One term; its ``matchLabelKeys`` / ``mismatchLabelKeys`` are merged into its labelSelector
+    as ``key In (the pod's value)`` / ``key NotIn (...)`` for the keys the pod has, as the API
+    server does on create (MatchLabelKeysInPodAffinity, on by default since v1.31); merging a term
+    the API server already merged adds the same requirements again, which changes nothing."""
     if not isinstance(obj, Mapping):
         raise InvalidObjectError("term must be an object", path)
     key = _topology_key(obj, path)
@@ -248,11 +256,22 @@ def _affinity_term(obj: Any, path: str, namespace: str) -> AffinityTerm:
             raise InvalidObjectError(problem, f"{path}.namespaces[{i}]")
     ns_selector = parse_label_selector(obj.get("namespaceSelector"), f"{path}.namespaceSelector")
     namespaces = frozenset(names) if names or ns_selector is not None else frozenset((namespace,))
-    return AffinityTerm(parse_label_selector(obj.get("labelSelector"), f"{path}.labelSelector"),
-                        namespaces, ns_selector, key)
+    selector = parse_label_selector(obj.get("labelSelector"), f"{path}.labelSelector")
+    extra = []
+    for field, operator in _TERM_LABEL_KEYS:
+        keys = obj.get(field) or []
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise InvalidObjectError(f"{field} must be a list of label keys", f"{path}.{field}")
+        for j, k in enumerate(keys):
+            _check_key(k, f"{path}.{field}[{j}]")
+            if k in labels:
+                extra.append((k, operator, (labels[k],)))
+    if selector is not None:
+        selector = selector.with_requirements(tuple(extra))
+    return AffinityTerm(selector, namespaces, ns_selector, key)
 
 
-def _terms(kind_obj: Mapping[str, Any], base: str, namespace: str) -> tuple[tuple, tuple]:
+def _terms(kind_obj: Mapping[str, Any], base: str, namespace: str, labels: Mapping[str, str]) -> tuple[tuple, tuple]:
     req_path = f"{base}.requiredDuringSchedulingIgnoredDuringExecution"
     required = kind_obj.get("requiredDuringSchedulingIgnoredDuringExecution")
     required = [] if required is None else required
@@ -270,13 +289,16 @@ def _terms(kind_obj: Mapping[str, Any], base: str, namespace: str) -> tuple[tupl
         w = p.get("weight")
         if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 100:
             raise InvalidObjectError(f"weight {w!r} must be an integer in 1..100", f"{pref_path}[{i}].weight")
-        weighted.append((w, _affinity_term(p.get("podAffinityTerm"), f"{pref_path}[{i}].podAffinityTerm", namespace)))
-    return (tuple(_affinity_term(t, f"{req_path}[{i}]", namespace) for i, t in enumerate(required)),
+        weighted.append((w, _affinity_term(p.get("podAffinityTerm"), f"{pref_path}[{i}].podAffinityTerm", namespace,
+                                           labels)))
+    return (tuple(_affinity_term(t, f"{req_path}[{i}]", namespace, labels) for i, t in enumerate(required)),
             tuple(weighted))
 
 
-def parse_pod_affinity(affinity: Mapping[str, Any], namespace: str) -> PodAffinity:
-    """The pod (anti-)affinity of ``spec.affinity`` (a mapping, possibly empty) for a pod in ``namespace``.
+def parse_pod_affinity(affinity: Mapping[str, Any], namespace: str,
+                       labels: Mapping[str, str] | None = None) -> PodAffinity:
+    """The pod (anti-)affinity of ``spec.affinity`` (a mapping, possibly empty) for a pod in
+    ``namespace`` with ``labels`` (what the terms' ``matchLabelKeys`` and ``mismatchLabelKeys`` read).
 
     Raises:
         InvalidObjectError: a malformed term (an empty ``topologyKey``, a bad selector, a weight
@@ -290,7 +312,7 @@ def parse_pod_affinity(affinity: Mapping[str, Any], namespace: str) -> PodAffini
             continue
         if not isinstance(obj, Mapping):
             raise InvalidObjectError(f"{kind} must be an object", f"spec.affinity.{kind}")
-        parts[kind] = _terms(obj, f"spec.affinity.{kind}", namespace)
+        parts[kind] = _terms(obj, f"spec.affinity.{kind}", namespace, labels or {})
     out = PodAffinity(parts["podAffinity"][0], parts["podAntiAffinity"][0],
                       parts["podAffinity"][1], parts["podAntiAffinity"][1])
     return NO_POD_AFFINITY if out.empty else out
