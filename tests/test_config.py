@@ -73,6 +73,7 @@ DEFAULT_NAMES = {
                  "NodeResourcesBalancedAllocation"],
     "score": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
               "NodeResourcesBalancedAllocation"],
+    "postFilter": ["DefaultPreemption"],
     "bind": ["DefaultBinder"],
 }
 DEFAULT_SCORE = [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("PodTopologySpread", 2),
@@ -128,8 +129,10 @@ def test_no_configuration_gives_kube_defaults(source):
     prof = config.profiles[0]
     assert names(prof) == DEFAULT_NAMES
     assert score(prof) == DEFAULT_SCORE
-    assert sorted(prof.plugin_args) == ["InterPodAffinity", "NodeAffinity", "NodeResourcesBalancedAllocation",
-                                        "NodeResourcesFit", "PodTopologySpread"]
+    assert sorted(prof.plugin_args) == ["DefaultPreemption", "InterPodAffinity", "NodeAffinity",
+                                        "NodeResourcesBalancedAllocation", "NodeResourcesFit", "PodTopologySpread"]
+    preemption = prof.plugin_args["DefaultPreemption"]
+    assert (preemption.min_candidate_nodes_percentage, preemption.min_candidate_nodes_absolute) == (10, 100)
     fit = prof.plugin_args["NodeResourcesFit"]
     assert fit.scoring_strategy.type == "LeastAllocated"
     assert [(r.name, r.weight) for r in fit.scoring_strategy.resources] == [("cpu", 1), ("memory", 1)]
@@ -309,8 +312,10 @@ MERGE_CASES = [
      {"preScore": ["NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
                    "NodeResourcesBalancedAllocation"]}, DEFAULT_SCORE),
     ("disabling-unimplemented-kube-plugins-is-harmless",
-     {"multiPoint": plugin_set(disabled=["ImageLocality", "VolumeBinding", "DefaultPreemption"])},
+     {"multiPoint": plugin_set(disabled=["ImageLocality", "VolumeBinding", "DynamicResources"])},
      DEFAULT_NAMES, DEFAULT_SCORE),
+    ("disabling-preemption", {"postFilter": plugin_set(disabled=["DefaultPreemption"])},
+     {**DEFAULT_NAMES, "postFilter": []}, DEFAULT_SCORE),
     ("explicit-point-order-after-multipoint",
      {"filter": plugin_set(["NodePorts", "NodeName"], ["NodeName"])},
      {"filter": ["NodePorts", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit",
@@ -490,8 +495,13 @@ ERROR_CASES = [
      f"{P0}.plugins.bind", "at least one bind plugin is required"),
     ("plugin-config-unknown-plugin", with_args("FastScore", {}),
      f"{PC}[0].name", f"unknown plugin 'FastScore'; {SUPPORTED_LIST}"),
-    ("plugin-config-unimplemented", with_args("DefaultPreemption", {}),
-     f"{PC}[0].name", "does not implement kube-scheduler's DefaultPreemption"),
+    ("plugin-config-unimplemented", with_args("VolumeBinding", {}),
+     f"{PC}[0].name", "does not implement kube-scheduler's VolumeBinding"),
+    ("preemption-args-both-zero", with_args("DefaultPreemption", {"minCandidateNodesPercentage": 0,
+                                                                  "minCandidateNodesAbsolute": 0}),
+     f"{ARGS}.minCandidateNodesPercentage", "cannot be zero at the same time as minCandidateNodesAbsolute"),
+    ("preemption-args-percentage-range", with_args("DefaultPreemption", {"minCandidateNodesPercentage": 101}),
+     f"{ARGS}.minCandidateNodesPercentage", "less than or equal to 100"),
     ("plugin-config-duplicate", doc(profile(plugin_config=[("NodeResourcesFit", None), ("NodeResourcesFit", None)])),
      f"{PC}[1].name", "NodeResourcesFit is already configured at profiles[0].pluginConfig[0]"),
     ("args-not-an-object", with_args("NodeResourcesFit", [1]),

@@ -429,7 +429,7 @@ def test_a_packing_profile_fills_nodes_across_shards_in_kube_schedulers_order(le
 def test_which_profiles_pack():
     """`Framework.packs`: MostAllocated, and RequestedToCapacityRatio whose shape rises with utilization
     (kube's bin-packing example); not the default LeastAllocated nor a falling shape."""
-    from shardsched.scheduler.whatif import build_schedulers
+    from shardsched.scheduler.algorithm import build_schedulers
     from shardsched.cache.node_table import NodeTable
 
     def packs(args: str) -> bool:

@@ -24,7 +24,7 @@ from shardsched.errors import InvalidObjectError
 from shardsched.framework.status import Code
 from shardsched.plugins.registry import REGISTRY
 from shardsched.scheduler.algorithm import GenericScheduler
-from shardsched.scheduler.whatif import build_schedulers
+from shardsched.scheduler.algorithm import build_schedulers
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
@@ -996,7 +996,8 @@ def test_cli_anti_affinity_replicas(tmp_path):
     out = simulate_json(tmp_path, docs)
     assert sorted(out[f"web-{i}"]["node"] for i in range(3)) == ["n1", "n2", "n3"]
     assert (out["web-3"]["status"], out["web-3"]["node"]) == ("Unschedulable", None)
-    assert out["web-3"]["reason"] == f"0/3 nodes are available: 3 {ANTI}."
+    assert out["web-3"]["reason"] == (f"0/3 nodes are available: 3 {ANTI}. preemption: 0/3 nodes are available: "
+                                      "3 No preemption victims found for incoming pod..")
 
 
 def test_cli_zone_spread(tmp_path):
@@ -1027,7 +1028,9 @@ def test_cli_required_affinity_to_a_bound_pod_and_namespace_selector(tmp_path):
     for i in range(3):
         assert out[f"near-{i}"]["node"] in ("b1", "b2"), out[f"near-{i}"]
     assert out["same-ns-only"]["status"] == "Unschedulable"
-    assert out["same-ns-only"]["reason"] == f"0/4 nodes are available: 4 {AFF}."
+    # affinity not matched is UnschedulableAndUnresolvable: preemption cannot help
+    assert out["same-ns-only"]["reason"] == (f"0/4 nodes are available: 4 {AFF}. preemption: 0/4 nodes are "
+                                             "available: 4 Preemption is not helpful for scheduling..")
     assert out["web"]["node"] in ("b1", "b2")  # zone a is guarded
 
 

@@ -71,9 +71,12 @@ def test_json_contract_and_priority_order(tmp_path):
     assert [p["name"] for p in out["pods"]] == ["high", "low"]  # queue order: priority first
     pods = by_key(out)
     assert pods["default/high"] == {"namespace": "default", "name": "high", "node": "n1", "status": "Scheduled",
-                                    "reason": "Successfully assigned default/high to n1", "requests": {"cpu": 1000}}
+                                    "reason": "Successfully assigned default/high to n1", "requests": {"cpu": 1000},
+                                    "victims": [], "nominatedNode": None}
     assert pods["default/low"]["status"] == "Unschedulable"
-    assert pods["default/low"]["reason"] == "0/1 nodes are available: 1 Insufficient cpu."
+    # kube's FitError with DefaultPreemption's part: nothing of lower priority to preempt on n1
+    assert pods["default/low"]["reason"] == ("0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes "
+                                             "are available: 1 No preemption victims found for incoming pod..")
     assert out["nodes"] == [{"name": "n1", "allocatable": {"cpu": 1000, "memory": 8 * 2**30, "pods": 110},
                              "requested": {"cpu": 1000, "pods": 1}}]
 
@@ -333,21 +336,24 @@ def test_empty_config_file_is_an_error_naming_it(tmp_path, content):
 # (kube's symmetric rule), so soft-anti and empty-dir go to hard-spread's node.
 ANTI_TERM = "{labelSelector: {matchLabels: {app: w}}, topologyKey: kubernetes.io/hostname}"
 # a pod's own anti-affinity is checked before the existing pods' (upstream Filter's order)
-ANTI = "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+ANTI = ("0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules. preemption: 0/2 nodes are "
+        "available: 2 No preemption victims found for incoming pod..")
+#: DefaultPreemption's part of the message of a pod that a PreFilter refused on every node
+NOT_HELPFUL = " preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.."
 CONSTRAINED = [
     ("pvc", "volumes: [{name: data, persistentVolumeClaim: {claimName: data}}, {name: tmp, emptyDir: {}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (data), which "
-                       "shardsched does not implement (plugin VolumeBinding).")),
+                       "shardsched does not implement (plugin VolumeBinding)." + NOT_HELPFUL)),
     ("ephemeral", "volumes: [{name: scratch, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], "
                   "resources: {requests: {storage: 1Gi}}}}}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (scratch), which "
-                       "shardsched does not implement (plugin VolumeBinding).")),
+                       "shardsched does not implement (plugin VolumeBinding)." + NOT_HELPFUL)),
     ("dra", "resourceClaims: [{name: gpu, resourceClaimTemplateName: gpu-template}]",
      ("Unschedulable", "0/2 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), "
-                       "which shardsched does not implement (plugin DynamicResources).")),
+                       "which shardsched does not implement (plugin DynamicResources)." + NOT_HELPFUL)),
     ("disk", "volumes: [{name: disk, gcePersistentDisk: {pdName: disk-1}}]",
      ("Unschedulable", "0/2 nodes are available: pod has volumes that need conflict checks (disk: "
-                       "gcePersistentDisk), which shardsched does not implement (plugin VolumeRestrictions).")),
+                       "gcePersistentDisk), which shardsched does not implement (plugin VolumeRestrictions)." + NOT_HELPFUL)),
     ("gated", "schedulingGates: [{name: example.com/quota}, {name: example.com/ready}]",
      ("Gated", "waiting for scheduling gates: [example.com/quota example.com/ready]")),
     ("hard-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "

@@ -27,6 +27,7 @@ import kubernetes_validate
 import numpy as np
 import yaml
 
+from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
@@ -35,10 +36,11 @@ from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
-SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace")
+SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget")
 #: the kinds whose selectors upstream's default spreading reads (helper.DefaultSelector)
 SPREAD_SELECTOR_KINDS = ("Service", "ReplicationController", "ReplicaSet", "StatefulSet")
-_DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1"}
+_DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1",
+                        "PodDisruptionBudget": "policy/v1"}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
 
@@ -67,7 +69,10 @@ class Manifests:
         nodes: valid Node objects (raw dicts) with their location.
         pods: valid Pod objects (raw dicts) with their location.
         priority_classes: PriorityClass name -> value.
+        preemption_policies: PriorityClass name -> its ``preemptionPolicy`` (default
+            PreemptLowerPriority).
         default_priority: value of the globalDefault PriorityClass, else 0.
+        pdbs: valid PodDisruptionBudget objects (raw dicts) with their location.
         namespace_labels: Namespace name -> its labels, with ``kubernetes.io/metadata.name`` set as
             the API server sets it (read by pod affinity's ``namespaceSelector``).
         errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
@@ -78,7 +83,9 @@ class Manifests:
     nodes: list[tuple[str, dict]] = field(default_factory=list)
     pods: list[tuple[str, dict]] = field(default_factory=list)
     priority_classes: dict[str, int] = field(default_factory=dict)
+    preemption_policies: dict[str, str] = field(default_factory=dict)
     default_priority: int = 0
+    pdbs: list[tuple[str, dict]] = field(default_factory=list)
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -283,7 +290,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     check = _SchemaCheck()
     rng = random.Random(seed)
     seen: dict[str, dict[str, str]] = {kind: {} for kind in SUPPORTED_KINDS}
-    keys = {"Pod": lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"}
+    namespaced = lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"  # noqa: E731
+    keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced}
     for raw_path in paths:
         path = Path(raw_path)
         out.seq.setdefault(str(path), len(out.seq))
@@ -355,12 +363,15 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
             if kind == "PriorityClass":
                 value = obj.get("value")
                 out.priority_classes[key] = value
+                out.preemption_policies[key] = obj.get("preemptionPolicy") or "PreemptLowerPriority"
                 if obj.get("globalDefault"):
                     out.default_priority = value
             elif kind == "Namespace":
                 out.namespace_labels[key] = namespace_labels_of(obj)[1]
             elif kind == "Node":
                 out.nodes.append((where, obj))
+            elif kind == "PodDisruptionBudget":
+                out.pdbs.append((where, obj))
             else:
                 out.pods.append((where, obj))
     return out
@@ -377,12 +388,24 @@ def parse_nodes(m: Manifests) -> list[NodeInfo]:
     return nodes
 
 
+def parse_pdbs(m: Manifests) -> list[PodDisruptionBudget]:
+    """PodDisruptionBudget views of the valid PDBs; invalid ones (a malformed selector or status)
+    are appended to ``m.errors``."""
+    pdbs = []
+    for where, obj in m.pdbs:
+        try:
+            pdbs.append(PodDisruptionBudget.from_object(obj))
+        except InvalidObjectError as e:
+            m.error(where, f"invalid PodDisruptionBudget: {e}")
+    return pdbs
+
+
 def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:
     """(location, PodInfo) for each valid pod, priorities resolved; invalid ones go to ``m.errors``."""
     pods = []
     for where, obj in m.pods:
         try:
-            pods.append((where, PodInfo.from_object(obj, m.priority_classes, m.default_priority)))
+            pods.append((where, PodInfo.from_object(obj, m.priority_classes, m.default_priority, m.preemption_policies)))
         except InvalidObjectError as e:
             m.error(where, f"invalid Pod: {e}")
     return pods

@@ -8,6 +8,7 @@ plugins never meet a malformed object: a bad field raises `InvalidObjectError` n
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import re
@@ -22,6 +23,11 @@ from shardsched.api.requests import nonzero_requests, pod_requests
 from shardsched.errors import InvalidObjectError
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+PREEMPT_LOWER_PRIORITY, PREEMPT_NEVER = "PreemptLowerPriority", "Never"
+PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, PREEMPT_NEVER)
+DEFAULT_GRACE_PERIOD_S = 30
+#: the condition a preemption adds to its victims (kube's DisruptionTarget, reason PreemptionByScheduler)
+DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER = "DisruptionTarget", "PreemptionByScheduler"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 #: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass
@@ -43,6 +49,27 @@ def parse_int64(value: str) -> int | None:
         return None
     number = int(value)
     return number if _INT64_MIN <= number <= _INT64_MAX else None
+
+
+def parse_time(value: Any, path: str) -> float | None:
+    """An RFC 3339 time (``2026-01-01T00:00:01Z``, as the API server writes ``metav1.Time``) as Unix
+    seconds; None for None or "".
+
+    Raises:
+        InvalidObjectError: not such a time.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime.datetime):  # the kubernetes client's models
+        moment = value
+    else:
+        try:
+            moment = datetime.datetime.fromisoformat(str(value))
+        except ValueError:
+            raise InvalidObjectError(f"{value!r} is not an RFC 3339 time", path) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
 
 
 def as_dict(obj: Any) -> dict:
@@ -364,6 +391,14 @@ class PodInfo:
         disk_volumes: (name, source) of its inline volumes that VolumeRestrictions or
             NodeVolumeLimits check (`DISK_VOLUME_SOURCES`).
         resource_claims: names of its ``spec.resourceClaims`` (Dynamic Resource Allocation).
+        preemption_policy: ``spec.preemptionPolicy`` (``PreemptLowerPriority`` or ``Never``), else
+            its PriorityClass's, as the Priority admission plugin sets it.
+        start_time_s: ``status.startTime`` as Unix seconds, None when unset (kube's GetPodStartTime
+            then takes "now": such a pod is the least important of its priority for preemption).
+        grace_period_s: ``spec.terminationGracePeriodSeconds`` (default 30): how long a victim keeps
+            its room once deleted.
+        preempted: the pod has the ``DisruptionTarget`` condition with reason
+            ``PreemptionByScheduler``: deleted by a preemption (upstream podTerminatingByPreemption).
         nominated_node_name: the node the coordinator chose for this pod over the whole cluster,
             for a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``):
             the shard places the pod there or hands it back. Not read from the object.
@@ -395,6 +430,10 @@ class PodInfo:
     resource_claims: tuple[str, ...]
     labels: dict[str, str]
     creation_timestamp: str
+    preemption_policy: str = PREEMPT_LOWER_PRIORITY
+    start_time_s: float | None = None
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
+    preempted: bool = False
     nominated_node_name: str = ""
     signature: str = ""
     obj: dict = field(default_factory=dict, repr=False)
@@ -435,13 +474,15 @@ class PodInfo:
 
     @classmethod
     def from_object(cls, obj: Any, priority_classes: Mapping[str, int] | None = None,
-                    default_priority: int = 0) -> "PodInfo":
+                    default_priority: int = 0, preemption_policies: Mapping[str, str] | None = None) -> "PodInfo":
         """Build from a Pod dict or client model.
 
         Args:
             priority_classes: PriorityClass name -> value, used when ``spec.priority`` is unset and
                 ``spec.priorityClassName`` is set (as the Priority admission plugin does).
             default_priority: priority of a pod with neither (a globalDefault PriorityClass, or 0).
+            preemption_policies: PriorityClass name -> its ``preemptionPolicy``, used when
+                ``spec.preemptionPolicy`` is unset (as the Priority admission plugin does).
 
         Raises:
             InvalidObjectError: a field is malformed (with its path), the pod has no containers, or
@@ -480,6 +521,25 @@ class PodInfo:
         namespace = str(meta.get("namespace") or "default")
         labels = _str_map(meta.get("labels"), "metadata.labels")
 
+        policy = spec.get("preemptionPolicy")
+        if policy is None:
+            policy = (preemption_policies or {}).get(str(spec.get("priorityClassName") or ""), PREEMPT_LOWER_PRIORITY)
+        if policy not in PREEMPTION_POLICIES:
+            raise InvalidObjectError(f"supported values: {', '.join(map(repr, PREEMPTION_POLICIES))}",
+                                     "spec.preemptionPolicy")
+        grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
+        if grace is None:
+            grace = DEFAULT_GRACE_PERIOD_S
+        if isinstance(grace, bool) or not isinstance(grace, int) or grace < 0:
+            raise InvalidObjectError(f"{grace!r} is not a non-negative integer", "spec.terminationGracePeriodSeconds")
+        status = obj.get("status") or {}
+        if not isinstance(status, Mapping):
+            raise InvalidObjectError("status must be an object", "status")
+        conditions = status.get("conditions") or ()
+        preempted = isinstance(conditions, list) and any(
+            isinstance(c, Mapping) and c.get("type") == DISRUPTION_TARGET and c.get("reason") == PREEMPTION_BY_SCHEDULER
+            and str(c.get("status", "True")) == "True" for c in conditions)
+
         info = cls(
             uid=str(meta.get("uid") or f"{namespace}/{meta['name']}"),
             namespace=namespace,
@@ -505,6 +565,10 @@ class PodInfo:
             resource_claims=_resource_claims(spec.get("resourceClaims")),
             labels=labels,
             creation_timestamp=str(meta.get("creationTimestamp") or ""),
+            preemption_policy=policy,
+            start_time_s=parse_time(status.get("startTime"), "status.startTime"),
+            grace_period_s=grace,
+            preempted=preempted,
             obj=obj,
         )
         info.signature = info.compute_signature()

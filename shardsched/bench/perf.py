@@ -54,7 +54,7 @@ from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_e
                                       markdown_table, run_embedded)
 from shardsched.cache.node_table import NodeTable
 from shardsched.config import SchedulerConfiguration, load_config
-from shardsched.scheduler.whatif import build_schedulers
+from shardsched.scheduler.algorithm import build_schedulers
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.workload import PAUSE_IMAGE
 

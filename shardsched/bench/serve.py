@@ -108,7 +108,7 @@ class Bench(BenchObjects):
         """
         from shardsched.api.objects import InvalidObjectError, NodeInfo, PodInfo
         from shardsched.cache.node_table import NodeTable, PodUsage
-        from shardsched.scheduler.whatif import build_schedulers
+        from shardsched.scheduler.algorithm import build_schedulers
 
         wanted = set(nodes)
         infos, skipped = [], []

@@ -43,11 +43,17 @@ class PodUsage:
     labels: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     affinity: PodAffinity = NO_POD_AFFINITY
+    #: what DefaultPreemption reads of a pod on a node: priority, ``status.startTime`` (Unix
+    #: seconds, None = unset), being deleted by a preemption (`PodInfo.preempted`)
+    priority: int = 0
+    start_time_s: float | None = None
+    preempted: bool = False
 
     @classmethod
     def of(cls, pod: PodInfo) -> "PodUsage":
         return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
-                   pod.namespace, pod.labels, pod.deleting, pod.pod_affinity)
+                   pod.namespace, pod.labels, pod.deleting, pod.pod_affinity, pod.priority, pod.start_time_s,
+                   pod.preempted)
 
 
 #: kinds of the terms of counted pods in `NodeTable.term_slots`

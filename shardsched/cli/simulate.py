@@ -1,4 +1,4 @@
-"""``shardsched simulate``: where would these pods go? (see shardsched.scheduler.whatif)."""
+"""``shardsched simulate``: where would these pods go? (see shardsched.scheduler.simulate)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
     is still simulated and printed; 1 for a bad --config or a -f file that does not exist
     (kubectl's "error: the path ... does not exist"), and nothing is simulated.
     """
-    from shardsched.scheduler.whatif import simulate as run_simulation
+    from shardsched.scheduler.simulate import simulate as run_simulation
 
     for f in files:
         if not os.path.lexists(f):  # kubectl's words and status for a missing -f
@@ -99,7 +99,7 @@ def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output:
 def _progress(output: str) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar on stderr while the input is read and the pods are placed, when stderr is a
     terminal and the output a table (nothing on a pipe or with ``-o json``); yields the
-    ``progress(done, total)`` callback of `shardsched.scheduler.whatif.simulate`, or None."""
+    ``progress(done, total)`` callback of `shardsched.scheduler.simulate.simulate`, or None."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

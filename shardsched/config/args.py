@@ -309,6 +309,25 @@ class NodeLabelArgs(PluginArgs):
         return self
 
 
+class DefaultPreemptionArgs(PluginArgs):
+    """Args of DefaultPreemption (upstream ``DefaultPreemptionArgs``, validated as
+    ``ValidateDefaultPreemptionArgs``).
+
+    Attributes:
+        min_candidate_nodes_percentage: in [0, 100]; default 10.
+        min_candidate_nodes_absolute: >= 0; default 100. Not both 0.
+    """
+
+    min_candidate_nodes_percentage: int = Field(10, ge=0, le=100)
+    min_candidate_nodes_absolute: int = Field(100, ge=0)
+
+    @model_validator(mode="after")
+    def _check_positive(self) -> "DefaultPreemptionArgs":
+        if self.min_candidate_nodes_percentage == 0 and self.min_candidate_nodes_absolute == 0:
+            fail("cannot be zero at the same time as minCandidateNodesAbsolute", "minCandidateNodesPercentage")
+        return self
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "InterPodAffinity": InterPodAffinityArgs,
@@ -317,6 +336,7 @@ ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "NodeResourcesBalancedAllocation": NodeResourcesBalancedAllocationArgs,
     "NodeAffinity": NodeAffinityArgs,
     "NodeLabel": NodeLabelArgs,
+    "DefaultPreemption": DefaultPreemptionArgs,
 }
 
 

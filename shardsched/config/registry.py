@@ -39,6 +39,7 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "NodeResourcesFit": ("preFilter", "filter", "preScore", "score"),
     "PodTopologySpread": ("preFilter", "filter", "preScore", "score"),
     "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
+    "DefaultPreemption": ("postFilter",),
     "NodeResourcesBalancedAllocation": ("preScore", "score"),
     "DefaultBinder": ("bind",),
     # kube v1.22's, removed upstream in v1.23: the worked example of docs/plugins.md, not in the defaults
@@ -52,7 +53,7 @@ SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 UNIMPLEMENTED_PLUGINS = frozenset({
     "ImageLocality", "VolumeBinding", "VolumeRestrictions",
     "VolumeZone", "NodeVolumeLimits", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
-    "DefaultPreemption", "DynamicResources",
+    "DynamicResources",
 })
 
 #: Plugins of kube's default set (v1.28's, and DynamicResources of v1.34's) that shardsched does not
@@ -97,6 +98,7 @@ DEFAULT_MULTI_POINT: tuple[PluginRef, ...] = (
     PluginRef("NodeResourcesFit", 1),
     PluginRef("PodTopologySpread", 2),
     PluginRef("InterPodAffinity", 2),
+    PluginRef("DefaultPreemption"),
     PluginRef("NodeResourcesBalancedAllocation", 1),
     PluginRef("DefaultBinder"),
 )

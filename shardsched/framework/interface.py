@@ -1,7 +1,7 @@
 """The vectorized plugin interfaces of shardsched's scheduling framework.
 
-These follow kube-scheduler's extension points (PreEnqueue, QueueSort, PreFilter, Filter, PreScore,
-Score, NormalizeScore, Reserve, Permit, PreBind, Bind, PostBind) with one difference: a Filter or
+These follow kube-scheduler's extension points (PreEnqueue, QueueSort, PreFilter, Filter, PostFilter,
+PreScore, Score, NormalizeScore, Reserve, Permit, PreBind, Bind, PostBind) with one difference: a Filter or
 Score call covers many nodes at once, and a binding-cycle call (Reserve to PostBind) many pods. ``idx`` selects NodeTable slots: a ``slice`` (usually all slots
 ``slice(0, table.n)``) or an int array of slots (to recompute only the nodes that changed since a
 cached result).
@@ -28,13 +28,16 @@ over the feasible nodes of each decision; what it reads of the pods already plac
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 
+from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
-from shardsched.cache.node_table import NodeTable
+from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.diagnosis import Diagnosis
 from shardsched.framework.status import Status
 
 Index = slice | np.ndarray
@@ -178,6 +181,51 @@ class PreBindPlugin(Plugin):
 
     def pre_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
         """One Status per pod: Success, or a failure (Error, Unschedulable) that rolls the pod back."""
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class PostFilterResult:
+    """What a PostFilter plugin decided (kube's ``PostFilterResult`` plus the victims).
+
+    Attributes:
+        status: Success when a node was nominated; otherwise Unschedulable (or Error) with the
+            plugin's message (``preemption: ...``), which the FitError message appends.
+        nominated_node: the node the pod is nominated to; "" = clear the pod's nomination; None =
+            leave it as it is.
+        victims: the pods to delete on ``nominated_node`` before the pod fits there, in the order
+            the plugin chose them.
+        num_pdb_violations: how many of the victims break a PodDisruptionBudget.
+    """
+
+    status: Status
+    nominated_node: str | None = None
+    victims: tuple[PodUsage, ...] = ()
+    num_pdb_violations: int = 0
+
+
+class PostFilterHandle(Protocol):
+    """What a PostFilter plugin may use of the scheduler that called it (a slice of kube's
+    ``framework.Handle``): the node view, the PodDisruptionBudgets, a random source, and a Filter
+    run on one node over the table as it is at the call."""
+
+    table: NodeTable
+    pdbs: Sequence[PodDisruptionBudget]
+    rng: np.random.Generator
+
+    def filter_node(self, pod: PodInfo, slot: int) -> Status:
+        """PreFilter then Filter of the profile for ``pod`` on the node at ``slot`` (kube's
+        ``RunFilterPluginsWithNominatedPods`` over the table's pods): Success, or the first
+        rejection with its reasons, its code and the plugin's name."""
+        ...
+
+
+class PostFilterPlugin(Plugin):
+    def post_filter(self, state: CycleState, pod: PodInfo, diagnosis: Diagnosis,
+                    handle: PostFilterHandle) -> PostFilterResult:
+        """Called for a pod that fits no node (``diagnosis`` says why, per node); may nominate a
+        node where the pod would fit once some pods are gone (kube's ``PostFilter``). Must leave
+        the table as it found it."""
         raise NotImplementedError
 
 

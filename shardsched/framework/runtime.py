@@ -16,8 +16,8 @@ from typing import Any
 from shardsched.api.objects import PodInfo
 from shardsched.errors import ConfigError, InvalidObjectError
 from shardsched.framework.interface import (BindPlugin, FilterPlugin, Handle, PermitPlugin, Plugin, PostBindPlugin,
-                                            PreBindPlugin, PreEnqueuePlugin, PreFilterPlugin, QueueSortPlugin,
-                                            ReservePlugin, ScorePlugin)
+                                            PostFilterPlugin, PreBindPlugin, PreEnqueuePlugin, PreFilterPlugin,
+                                            QueueSortPlugin, ReservePlugin, ScorePlugin)
 from shardsched.framework.status import Status
 
 
@@ -60,6 +60,7 @@ class Framework:
         pre_filter_plugins: the PreFilter of every Filter plugin, then the stand-ins of the profile's
             ``guarded_plugins`` (``Registry.stand_ins``), in kube's order; the scheduler
             runs them in this order and stops at the first rejection.
+        post_filter_plugins: PostFilter plugins in profile order (DefaultPreemption).
         score_plugins: Score plugins with weights.
         reserve_plugins, permit_plugins, pre_bind_plugins, bind_plugins, post_bind_plugins: the
             binding-cycle plugins in profile order (`shardsched.framework.binding_cycle` runs them).
@@ -117,6 +118,8 @@ class Framework:
             p for p in (get(r.name) for r in points.get("filter", ())) if isinstance(p, FilterPlugin)]
         self.pre_filter_plugins: list[PreFilterPlugin] = [
             *self.filter_plugins, *(registry.stand_ins[name]() for name in profile.guarded_plugins)]
+        self.post_filter_plugins: list[PostFilterPlugin] = [
+            p for p in (get(r.name) for r in points.get("postFilter", ())) if isinstance(p, PostFilterPlugin)]
         self.score_plugins: list[WeightedScore] = [
             WeightedScore(p, int(r.weight or 1)) for r, p in ((r, get(r.name)) for r in points.get("score", ()))
             if isinstance(p, ScorePlugin)]

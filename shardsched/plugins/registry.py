@@ -14,6 +14,7 @@ from typing import Any, Callable
 from shardsched.framework.interface import Plugin
 from shardsched.framework.runtime import Registry
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
+from shardsched.plugins.defaultpreemption import plugin as defaultpreemption
 from shardsched.plugins.interpodaffinity import plugin as interpodaffinity
 from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
 from shardsched.plugins.nodelabel import plugin as nodelabel
@@ -40,6 +41,7 @@ REGISTRY: dict[str, Factory] = {
     fit.NAME: fit.new,
     podtopologyspread.NAME: podtopologyspread.new,
     interpodaffinity.NAME: interpodaffinity.new,
+    defaultpreemption.NAME: defaultpreemption.new,
     balanced_allocation.NAME: balanced_allocation.new,
     defaultbinder.NAME: defaultbinder.new,
     nodelabel.NAME: nodelabel.new,
@@ -69,6 +71,7 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     fit.NAME: ("preFilter", "filter", "preScore", "score"),
     podtopologyspread.NAME: ("preFilter", "filter", "preScore", "score"),
     interpodaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
+    defaultpreemption.NAME: ("postFilter",),
     balanced_allocation.NAME: ("preScore", "score"),
     defaultbinder.NAME: ("bind",),
     nodelabel.NAME: ("filter", "score"),

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.framework.cycle_state import FEASIBLE_NODES_KEY, CycleState
 from shardsched.framework.diagnosis import Diagnosis, fit_error_message  # noqa: F401  (fit_error_message: re-exported)
-from shardsched.framework.interface import FilterPlugin, ScorePlugin
-from shardsched.framework.runtime import Framework
+from shardsched.framework.interface import FilterPlugin, Handle, PostFilterResult, ScorePlugin
+from shardsched.framework.runtime import Framework, Registry
 from shardsched.framework.status import Code, Status
+
+if TYPE_CHECKING:
+    from shardsched.config import SchedulerConfiguration
 
 NO_NODES_MESSAGE = "no nodes available to schedule pods"
 #: kube's minFeasibleNodesToFind / minFeasibleNodePercentageToFind
@@ -118,6 +123,8 @@ class GenericScheduler:
         self.next_start_node_index = 0
         self._sampled = framework.percentage_of_nodes_to_score is not None
         self.duration_s: dict[str, float] = {FILTER: 0.0, SCORE: 0.0}
+        #: PodDisruptionBudgets, read by PostFilter (DefaultPreemption); the owner keeps them current
+        self.pdbs: list[PodDisruptionBudget] = []
 
     # ------------------------------------------------------------------ public
     def schedule(self, pod: PodInfo, assume: bool = True) -> ScheduleResult:
@@ -155,6 +162,46 @@ class GenericScheduler:
             empty = np.zeros(self.table.n, bool)
             return empty, empty
         return entry.static_ok, entry.final >= 0
+
+    def filter_node(self, pod: PodInfo, slot: int) -> Status:
+        """PreFilter then Filter of the profile for ``pod`` on one node (slot), over the table as it
+        is now, uncached (`PostFilterHandle.filter_node`): Success, or the first rejection (the
+        PreFilter's, or the first failing Filter's reasons with its code and name)."""
+        table, state = self.table, CycleState()
+        active = []
+        for f in self.framework.pre_filter_plugins:
+            st = f.pre_filter(state, pod, table)
+            if st.is_skip():
+                continue
+            if not st.is_success():
+                return Status(st.code, st.reasons, f.name)
+            if isinstance(f, FilterPlugin):
+                active.append(f)
+        one = np.array([slot])
+        for f in active:
+            if not f.filter_slot(state, pod, table, slot):
+                code = (Code.UNSCHEDULABLE_AND_UNRESOLVABLE if f.unresolvable_mask(state, pod, table, one)[0]
+                        else Code.UNSCHEDULABLE)
+                return Status(code, tuple(f.failure_reasons(state, pod, table, one)), f.name)
+        return Status.success()
+
+    def post_filter(self, pod: PodInfo, status: Status) -> PostFilterResult | None:
+        """Run the profile's PostFilter plugins for a pod that fits no node (``status`` is the failed
+        attempt's, with its `Diagnosis`), as upstream ``RunPostFilterPlugins``: the first that
+        nominates a node wins; otherwise the last one's result. None when the profile has no
+        PostFilter plugin or the status has no diagnosis. The result's message is also set as the
+        diagnosis' ``post_filter_msg``."""
+        diagnosis = status.diagnosis
+        if diagnosis is None or not self.framework.post_filter_plugins:
+            return None
+        result = None
+        for plugin in self.framework.post_filter_plugins:
+            result = plugin.post_filter(CycleState(), pod, diagnosis, self)
+            if result.status.is_success():
+                break
+        assert result is not None
+        diagnosis.post_filter_msg = result.status.message
+        return result
 
     def forget(self, pod: PodInfo) -> None:
         """Undo an assume (kube's ForgetPod); safe to call when the pod was never assumed."""
@@ -383,3 +430,25 @@ class GenericScheduler:
             remaining &= ok
         diagnosis = Diagnosis(table.num_nodes, reasons, table.valid[:n] & ~remaining, unresolvable, tuple(plugins))
         return Status(Code.UNSCHEDULABLE, (diagnosis.message(),), ",".join(plugins), diagnosis)
+
+
+def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int | None,
+                     partial_view: bool = False, handle: Handle | None = None,
+                     registry: Registry | None = None) -> dict[str, GenericScheduler]:
+    """One GenericScheduler per profile over a shared table, keyed by schedulerName (first = default).
+
+    ``partial_view``: the table holds only part of the cluster (a shard's nodes; `Framework`).
+    ``handle``: the frameworks' `Handle` (where binds go), shared by the profiles.
+    ``registry``: the plugins the profiles may name (default: the in-tree plugins).
+
+    Raises:
+        ConfigError: a profile names a plugin shardsched does not have.
+    """
+    if registry is None:
+        from shardsched.plugins.registry import IN_TREE
+        registry = IN_TREE
+    out = {}
+    for i, profile in enumerate(config.profiles):
+        fw = Framework(profile, registry, config.percentage_of_nodes_to_score, partial_view, handle)
+        out[profile.scheduler_name] = GenericScheduler(fw, table, seed=None if seed is None else seed + i)
+    return out

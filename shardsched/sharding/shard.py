@@ -54,7 +54,7 @@ from shardsched.errors import TemporaryError, ThrottledLog
 from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE, ShardMetrics
 from shardsched.queue import ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, QueuedPodInfo, SchedulingQueue
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
-from shardsched.scheduler.whatif import build_schedulers
+from shardsched.scheduler.algorithm import build_schedulers
 from shardsched.sharding.protocols import (BIND_CONFLICT, BIND_FAILED, FENCED, INSUFFICIENT, UNSCHEDULABLE_HERE,
                                            BindTarget, Handoff, Rebalancer)
 from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem

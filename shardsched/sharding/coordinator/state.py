@@ -14,7 +14,7 @@ from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.metrics import ShardMetrics
 from shardsched.scheduler.algorithm import GenericScheduler
-from shardsched.scheduler.whatif import build_schedulers
+from shardsched.scheduler.algorithm import build_schedulers
 from shardsched.sharding.remote import Remote
 from shardsched.store.ledger import Ledger
 
