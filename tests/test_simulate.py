@@ -447,7 +447,8 @@ def test_a_pod_with_resource_claims_is_held_with_the_plugins_name(tmp_path):
     assert set(out) == {"default/trainer", "default/plain"}
     assert (out["default/trainer"]["status"], out["default/trainer"]["reason"]) == (
         "Unschedulable", "0/1 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), "
-                         "which shardsched does not implement (plugin DynamicResources).")
+                         "which shardsched does not implement (plugin DynamicResources). preemption: 0/1 nodes are "
+                         "available: 1 Preemption is not helpful for scheduling..")
     assert out["default/plain"]["status"] == "Scheduled"
 
 
