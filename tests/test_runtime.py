@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardsched.cli.main import cli
-from shardsched.cli.run import TRACE_REPLAY_TARGET_S, _plot, _print_summary, _trace_time_scale
+from shardsched.cli.run import _plot, _print_summary, _trace_replay
 from shardsched.config import load_config
 from shardsched.sharding.actors import coordinator_actor
 from shardsched.sharding.sim_actor import sim_cluster_actor
@@ -366,22 +366,56 @@ class Deployment:
             time.sleep(0.1)
 
 
-def test_the_default_time_scale_fits_a_trace_replay_into_a_minute(capsys):
-    """The slice spans hours of trace: without --time-scale the replay is compressed to about
-    `TRACE_REPLAY_TARGET_S`, and the run says so before it starts; a given scale is kept, with a
-    warning when the replay outlasts --timeout."""
+def test_a_trace_replay_says_how_its_time_is_compressed(capsys):
+    """Without --time-scale the run says how long the replay takes and why (time divided, pauses
+    shortened, so that each pod lives at least 0.25 s); a given scale is kept and uniform, with a
+    warning when the replay outlasts --timeout and when pods live too briefly to be scheduled."""
     pods, _ = trace.load_pods(TRACE / "openb_pod_list_default.csv", scheduler_name=SCHEDULER)
     workload = [tuple(p) for p in pods]
-    span_s = max(max(c, d or c) for c, d, _ in workload) - min(c for c, _, _ in workload)
 
-    scale = _trace_time_scale(workload, None, 600.0)
-    assert span_s / scale == pytest.approx(TRACE_REPLAY_TARGET_S)
+    plan = _trace_replay(workload, None, 600.0)
+    assert (plan.time_scale, plan.max_pause_s) == (20.0, 0.25)
     err = capsys.readouterr().err
-    assert "about 60 s" in err
-    assert "half of the pods live under 2.4 ms" in err  # most live minutes, over 117 days of trace
-    assert _trace_time_scale(workload, 1000.0, 600.0) == 1000.0
+    assert err == (f"note: replaying 149.3 days of trace (300 pods) in about {plan.duration_s:.0f} s: time divided by "
+                   "20 and every pause shortened to at most 0.25 s, so that each pod lives at least 0.25 s (the "
+                   "shortest lives 5 s of trace); a pod due for deletion before it is bound or found unschedulable "
+                   "holds the replay up to 10 s; --time-scale N divides time by N instead\n")
+    _trace_replay(workload, None, 60.0)
+    assert f"longer than --timeout 60 s; raise --timeout to at least {plan.duration_s:.0f}\n" in capsys.readouterr().err
+
+    assert _trace_replay(workload, 1000.0, 600.0).time_scale == 1000.0
     err = capsys.readouterr().err
-    assert f"about {span_s / 1000:.0f} s" in err and "longer than --timeout 600" in err and "half of" not in err
+    assert "in about 12903 s at time scale 1000" in err and "longer than --timeout 600" in err
+    assert "at this scale 111 of the 300 pods live under 250 ms" in err  # trace lifetimes under 250 s
+
+
+def test_a_default_trace_replay_binds_its_pods_and_says_what_became_of_them(redis_server, capsys):
+    """The slice's first 40 pods at the default compression (about 15 s): each lives long enough to
+    be scheduled, and the replay waits at a pod's end for its bind, so all that fit are bound
+    before their trace end deletes them; the table counts the pods deleted after and before binding and the
+    peak share of CPU and GPUs requested, and has no burst's rows."""
+    nodes, _ = trace.load_nodes(TRACE / "openb_node_list_all_node.csv")
+    pods, _ = trace.load_pods(TRACE / "openb_pod_list_default.csv", scheduler_name=SCHEDULER)
+    workload = [tuple(p) for p in pods[:40]]
+    plan = trace.replay_compression(workload)
+    report = run(redis_server, nodes, workload, shards=2, time_scale=plan.time_scale,
+                 trace_max_pause_s=plan.max_pause_s, trace_bind_wait_s=plan.bind_wait_s)
+    data = report.to_json()
+    _print_summary(report)
+    out = capsys.readouterr().out
+
+    assert_invariants(data)
+    assert_counted_once(data)
+    # openb-pod-0017 asks for 8 GPUs, the slice's nodes have at most 2: unschedulable until its end
+    assert (data["pods_bound"], data["pods_deleted_unbound"], data["pods_pending"]) == (39, 1, 0)
+    last = report.samples[-1]
+    assert last.bound == data["pods_bound"] and last.deleted_unbound == data["pods_deleted_unbound"]
+    assert last.deleted_bound + last.running == data["pods_bound"]
+    assert "pods (trace replay)" in out and f"{last.deleted_bound:,} deleted after binding" in out
+    assert "deleted before bound" in out and "GPU requested, peak" in out and "CPU requested, peak" in out
+    assert "throughput" not in out and "ahead of it" not in out
+    gpu = max(x.requested.get(trace.GPU_MILLI_RESOURCE, 0) for x in report.samples)
+    assert gpu > 0 and f"{100 * gpu / report.allocatable[trace.GPU_MILLI_RESOURCE]:.1f}%" in out
 
 
 # ------------------------------------------------------------------------- CLI: input and signals

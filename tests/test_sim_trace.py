@@ -9,7 +9,8 @@ import pytest
 
 from shardsched.api import NodeInfo, PodInfo
 from shardsched.sim import SimCluster, TraceError, TraceReplay, load_nodes, load_pods
-from shardsched.sim.trace import CREATE, DELETE, GPU_MILLI_RESOURCE, GPU_MODEL_LABEL, GPU_RESOURCE, QOS_LABEL, TracePod
+from shardsched.sim.trace import (CREATE, DELETE, GPU_MILLI_RESOURCE, GPU_MODEL_LABEL, GPU_RESOURCE, MIN_REPLAY_LIFETIME_S,
+                                  QOS_LABEL, REPLAY_BIND_WAIT_S, TracePod, replay_compression)
 
 SLICE = Path(__file__).parent / "data" / "alibaba-slice"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
@@ -184,10 +185,75 @@ def test_replay_order_shift_and_scale():
     assert len(replay) == 7
 
 
-@pytest.mark.parametrize("scale", [0, -1], ids=["zero", "negative"])
-def test_replay_rejects_bad_time_scale(scale):
+def test_replay_shortens_pauses_and_keeps_the_order():
+    """``max_pause_s``: each pause between consecutive steps (after dividing by the scale) is at
+    most that; the steps' order is the uniform replay's."""
+    pods = [_tp("b", 300, 500), _tp("a", 100, 300), _tp("z", 200, 200), _tp("late", 10_000, 10_050)]
+    replay = TraceReplay(pods, time_scale=100, max_pause_s=1.5)
+    steps = [(s.due_s, s.action, s.pod["metadata"]["name"]) for s in replay]
+    assert steps == [
+        (0.0, CREATE, "a"),
+        (1.0, CREATE, "z"),
+        (1.0, DELETE, "z"),
+        (2.0, DELETE, "a"),
+        (2.0, CREATE, "b"),
+        (3.5, DELETE, "b"),  # 2 s after the previous step, shortened to 1.5
+        (5.0, CREATE, "late"),  # 95 s, shortened to 1.5
+        (5.5, DELETE, "late"),
+    ]
+    assert [s[1:] for s in steps] == [(s.action, s.pod["metadata"]["name"]) for s in TraceReplay(pods, time_scale=100)]
+
+
+@pytest.mark.parametrize("kwargs", [{"time_scale": 0}, {"time_scale": -1}, {"max_pause_s": 0}],
+                         ids=["zero-scale", "negative-scale", "zero-pause"])
+def test_replay_rejects_bad_time_scale(kwargs):
     with pytest.raises(ValueError):
-        TraceReplay([], time_scale=scale)
+        TraceReplay([], **kwargs)
+
+
+def test_the_default_compression_lets_every_pod_of_the_slice_live_long_enough_to_be_scheduled():
+    """The slice spans 149 days with lifetimes from 5 s: the default divides time by 5 s over
+    `MIN_REPLAY_LIFETIME_S` and shortens every pause to it, so each pod lives at least that long
+    in the replay and the whole replay takes minutes (at most that per distinct step time); a
+    given scale is uniform."""
+    pods, _ = load_pods(SLICE / "openb_pod_list_default.csv")
+    plan = replay_compression(pods)
+    assert plan.shortest_lifetime_s == 5.0
+    assert plan.time_scale == pytest.approx(5.0 / MIN_REPLAY_LIFETIME_S) and plan.max_pause_s == MIN_REPLAY_LIFETIME_S
+    assert plan.bind_wait_s == REPLAY_BIND_WAIT_S
+    times = {t for c, d, _ in pods for t in (c, d)}
+    assert 60 < plan.duration_s <= (len(times) - 1) * MIN_REPLAY_LIFETIME_S
+    created: dict[str, float] = {}
+    lives = []
+    replay = TraceReplay(pods, plan.time_scale, plan.max_pause_s)
+    for step in replay:
+        name = step.pod["metadata"]["name"]
+        if step.action == CREATE:
+            created[name] = step.due_s
+        else:
+            lives.append(step.due_s - created[name])
+    assert len(lives) == 300 and min(lives) >= MIN_REPLAY_LIFETIME_S * (1 - 1e-9)
+    assert replay.steps[-1].due_s == pytest.approx(plan.duration_s)
+
+    uniform = replay_compression(pods, time_scale=1000.0)
+    assert (uniform.time_scale, uniform.max_pause_s, uniform.bind_wait_s) == (1000.0, None, None)
+    assert uniform.duration_s == pytest.approx(12_902_960 / 1000)
+
+
+@pytest.mark.parametrize("pods, scale, pause", [
+    ([_tp("a", 0, 30), _tp("b", 10, 12)], 2 / MIN_REPLAY_LIFETIME_S, MIN_REPLAY_LIFETIME_S),
+    ([_tp("a", 0, None), _tp("b", 50, None)], 1.0, MIN_REPLAY_LIFETIME_S),
+    ([_tp("a", 0, 0), _tp("b", 7, 7)], 1.0, MIN_REPLAY_LIFETIME_S),
+], ids=["shortest-lifetime", "never-deleted", "zero-lifetimes"])
+def test_the_default_compression_follows_the_shortest_positive_lifetime(pods, scale, pause):
+    plan = replay_compression(pods)
+    assert (plan.time_scale, plan.max_pause_s) == (pytest.approx(scale), pause)
+
+
+@pytest.mark.parametrize("kwargs", [{"time_scale": 0}, {"min_lifetime_s": 0}], ids=["scale", "lifetime"])
+def test_replay_compression_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        replay_compression([_tp("a", 0, 1)], **kwargs)
 
 
 def test_slice_replays_into_the_sim_cluster():

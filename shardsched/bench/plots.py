@@ -84,10 +84,15 @@ TIMELINE_RESOURCES = (("cpu", "CPU"), ("memory", "memory"), ("nvidia.com/gpu", "
                       ("alibabacloud.com/gpu-milli", "GPU capacity (thousandths)"))
 
 
+#: the run's plot shows the bind rate in at most about this many bars
+RATE_BINS = 60
+
+
 def run_timeline(path: str, report, period_s: float) -> str:
     """The course of a ``shardsched run`` (a `RunReport` with at least 2 samples), three panels over
     seconds since the workload started, every curve from the same samples of the simulated cluster
-    (one every ``period_s``): pods bound per second (between consecutive samples); every pod of the
+    (one every ``period_s``): pods bound per second (between consecutive samples, or over a few
+    of them, to show at most `RATE_BINS` bars); every pod of the
     workload in the summary's categories, stacked (they add up to the workload at every moment);
     requested / allocatable of CPU, memory and GPUs (those the cluster has). Grey marks the time
     the workload was being created (a burst's few seconds, a replay's whole span); a dotted line
@@ -99,9 +104,13 @@ def run_timeline(path: str, report, period_s: float) -> str:
     t = np.array([x.t_s for x in s])
     total = report.pods_total
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    rate = np.diff([x.bound for x in s]) / np.maximum(np.diff(t), 1e-9)
-    axes[0].stairs(rate, t, fill=True, color="tab:blue", alpha=0.8)
-    axes[0].set_ylabel("pods bound / s")
+    # at most ~RATE_BINS bars, each over a whole number of samples (a long replay's single binds average out)
+    step = max(1, round((t[-1] - t[0]) / RATE_BINS / period_s))
+    edges = sorted(set(range(0, len(s), step)) | {len(s) - 1})
+    bound = np.array([s[i].bound for i in edges], float)
+    rate = np.diff(bound) / np.maximum(np.diff(t[edges]), 1e-9)
+    axes[0].stairs(rate, t[edges], fill=True, color="tab:blue", alpha=0.8)
+    axes[0].set_ylabel("pods bound / s" if step == 1 else f"pods bound / s\n(mean over {step * period_s:g} s)")
     states = [
         ("not created yet", [total - x.created for x in s], "lightgrey"),
         ("queued or in flight", [x.queued for x in s], "tab:orange"),

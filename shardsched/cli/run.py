@@ -21,10 +21,6 @@ EXIT_INVARIANT = 3
 EXIT_TIMEOUT = 4
 #: interrupted: 128 + the signal's number, as shells report it (130 SIGINT, 143 SIGTERM)
 EXIT_SIGNAL_BASE = 128
-#: a trace replay without --time-scale is compressed to about this long
-TRACE_REPLAY_TARGET_S = 60.0
-#: a replayed pod lifetime below this (median) is warned about: such pods may go before they are scheduled
-TRACE_SHORT_LIFETIME_S = 0.1
 
 
 
@@ -93,8 +89,9 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--trace-limit", type=click.IntRange(1), default=None,
               help="With --trace: replay only the first N trace pods.")
 @click.option("--time-scale", type=FiniteFloat(0, min_open=True), default=None,
-              help="With --trace: time compression, trace seconds per replay second (default: the trace's span over "
-                   f"{TRACE_REPLAY_TARGET_S:g} s, at least 1000; the run says how long the replay takes).")
+              help="With --trace: time compression, trace seconds per replay second, uniform (default: derived from "
+                   "the trace so that every pod lives long enough to be scheduled, idle pauses shortened; the run "
+                   "says how, and how long the replay takes).")
 @click.option("--redis-url", callback=redis_url_option, help="Use this Redis (redis://[:password@]host:port/db) instead of starting one.")
 @click.option("--ray-address", help="Join this Ray cluster instead of starting a local one.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on 127.0.0.1:PORT.")
@@ -200,9 +197,10 @@ def _prepare(kw: dict):
         sys.exit(EXIT_FAILED)
     for note in notes:
         click.echo(f"warning: {note}", err=True)
-    time_scale = kw["time_scale"] or 1.0
+    time_scale, max_pause_s, bind_wait_s = kw["time_scale"] or 1.0, None, None
     if kw["trace_pods"]:
-        time_scale = _trace_time_scale(workload, kw["time_scale"], kw["timeout_s"])
+        plan = _trace_replay(workload, kw["time_scale"], kw["timeout_s"])
+        time_scale, max_pause_s, bind_wait_s = plan.time_scale, plan.max_pause_s, plan.bind_wait_s
     faults = None
     if kw["bind_latency_ms"] or kw["bind_error_rate"]:
         faults = FaultConfig(bind_latency_s=kw["bind_latency_ms"] / 1000, bind_error_rate=kw["bind_error_rate"])
@@ -210,7 +208,8 @@ def _prepare(kw: dict):
         shards=kw["shards"],
         shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"], seed=kw["seed"]),
         redis_url=kw["redis_url"], ray_address=kw["ray_address"], faults=faults, seed=kw["seed"],
-        timeout_s=kw["timeout_s"], time_scale=time_scale, metrics_port=kw["metrics_port"],
+        timeout_s=kw["timeout_s"], time_scale=time_scale, trace_max_pause_s=max_pause_s, trace_bind_wait_s=bind_wait_s,
+        metrics_port=kw["metrics_port"],
         scale_at=kw["scale_at"], autoscaler=autoscaler,
     )
     return config, nodes, workload, options
@@ -229,26 +228,38 @@ def exit_status(report) -> int:
     return EXIT_OK
 
 
-def _trace_time_scale(workload, given: float | None, timeout_s: float) -> float:
-    """The replay's time scale: ``given``, else the trace's span (first creation to last creation
-    or deletion) over `TRACE_REPLAY_TARGET_S`, at least 1000. Says on stderr how long the replay
-    takes, and warns when that is longer than --timeout, or when the median pod lifetime at this
-    scale is under `TRACE_SHORT_LIFETIME_S`."""
+def _trace_replay(workload, given: float | None, timeout_s: float):
+    """The replay's `ReplayCompression`: ``given`` as a uniform time scale, else the default derived
+    from the trace (`replay_compression`: every pod lives at least `MIN_REPLAY_LIFETIME_S`). Says on
+    stderr how long the replay takes and why, and warns when that is longer than --timeout, or when
+    pods live shorter than `MIN_REPLAY_LIFETIME_S` at a given scale."""
+    from shardsched.sim.trace import MIN_REPLAY_LIFETIME_S, replay_compression
+
+    plan = replay_compression(workload, given)
     first = min(c for c, _, _ in workload)
-    last = max(max(c, d if d is not None else c) for c, d, _ in workload)
-    span_s = last - first
-    scale = given if given is not None else max(1000.0, span_s / TRACE_REPLAY_TARGET_S)
-    replay_s = span_s / scale
-    click.echo(f"note: replaying {span_s / 3600:.2f} h of trace at time scale {scale:g}: about {replay_s:.0f} s",
-               err=True)
-    if replay_s > timeout_s:
-        click.echo(f"warning: the replay takes longer than --timeout {timeout_s:g} s; raise --time-scale "
-                   f"to at least {span_s / timeout_s:.0f} or --timeout", err=True)
-    lifetimes = sorted(d - c for c, d, _ in workload if d is not None)
-    if lifetimes and lifetimes[len(lifetimes) // 2] / scale < TRACE_SHORT_LIFETIME_S:
-        click.echo(f"warning: at this scale half of the pods live under {1000 * lifetimes[len(lifetimes) // 2] / scale:.1f}"
-                   " ms: many will be deleted before they are scheduled (counted as 'deleted before bound')", err=True)
-    return scale
+    span_s = max(max(c, d if d is not None else c) for c, d, _ in workload) - first
+    span = f"{span_s / 86400:.1f} days" if span_s >= 2 * 86400 else f"{span_s / 3600:.2f} h"
+    what = f"replaying {span} of trace ({len(workload)} pods) in about {plan.duration_s:.0f} s"
+    if given is None:
+        why = (f"time divided by {plan.time_scale:g} and every pause shortened to at most {plan.max_pause_s:g} s, "
+               f"so that each pod lives at least {plan.max_pause_s:g} s")
+        if plan.shortest_lifetime_s is not None:
+            why += f" (the shortest lives {plan.shortest_lifetime_s:g} s of trace)"
+        why += (f"; a pod due for deletion before it is bound or found unschedulable holds the replay up to "
+                f"{plan.bind_wait_s:g} s")
+        click.echo(f"note: {what}: {why}; --time-scale N divides time by N instead", err=True)
+    else:
+        click.echo(f"note: {what} at time scale {given:g}", err=True)
+    if plan.duration_s > timeout_s:
+        click.echo(f"warning: the replay takes longer than --timeout {timeout_s:g} s; raise --timeout to at least "
+                   f"{plan.duration_s:.0f}" + (" or --time-scale" if given is not None else ""), err=True)
+    if given is not None:
+        short = sum(1 for c, d, _ in workload if d is not None and (d - c) / given < MIN_REPLAY_LIFETIME_S)
+        if short:
+            click.echo(f"warning: at this scale {short} of the {len(workload)} pods live under "
+                       f"{1000 * MIN_REPLAY_LIFETIME_S:g} ms: they may be deleted before they are scheduled (counted "
+                       "as 'deleted before bound'); without --time-scale each pod lives at least that long", err=True)
+    return plan
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import COORDINATOR_NAME, coordinator_actor, kill_shard_actors
 from shardsched.sharding.rayaccess import describe_access
-from shardsched.sharding.sim_actor import sim_cluster_actor
+from shardsched.sharding.sim_actor import sim_cluster_actor, unschedulable
 from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions, ShardStats
 from shardsched.sim.cluster import FaultConfig
@@ -126,6 +126,11 @@ class RunOptions:
     seed: int = 0
     timeout_s: float = 600.0
     time_scale: float = 1.0
+    #: a replay's pauses between steps are shortened to this (replay seconds; `TraceReplay`); None: kept
+    trace_max_pause_s: float | None = None
+    #: a replay holds its clock, at a pod's deletion, until the pod is bound or unschedulable, for
+    #: at most this long (`EmbeddedRun._wait_for_bind`); None: pods are deleted on time
+    trace_bind_wait_s: float | None = None
     metrics_port: int | None = None
     #: (seconds after the workload starts, shard count): `Coordinator.scale` steps of the run
     scale_at: list[tuple[float, int]] = field(default_factory=list)
@@ -396,6 +401,7 @@ class EmbeddedRun:
         self._created_last_s: float | None = None
         self._t0 = 0.0  # time.monotonic() when the workload started
         self._allocatable = _allocatable(nodes)
+        self._instant = {id(p) for c, d, p in workload if d == c}  # pods of a trace deleted when created
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -579,7 +585,8 @@ class EmbeddedRun:
     def _feed(self, t0: float, stop: threading.Event) -> None:
         """Create (and delete) pods at their times; a burst is created in chunks at once."""
         try:
-            steps = list(TraceReplay(self.workload, self.options.time_scale)) if self._is_replay() else None
+            steps = list(TraceReplay(self.workload, self.options.time_scale, self.options.trace_max_pause_s)
+                         ) if self._is_replay() else None
             if steps is None:
                 pods = [p for _, _, p in self.workload]
                 for i in range(0, len(pods), CREATE_CHUNK):
@@ -588,15 +595,15 @@ class EmbeddedRun:
                     self._create(pods[i:i + CREATE_CHUNK])
                 return
             pending: list = []
+            held_s = 0.0  # the replay's clock held so far, waiting for binds (`_wait_for_bind`)
             for step in steps:
                 if stop.is_set():
                     return
-                delay = t0 + step.due_s - time.monotonic()
-                if delay > 0.005:
-                    self._flush(pending)
-                    stop.wait(delay)
+                if t0 + held_s + step.due_s - time.monotonic() > 0.005:
+                    held_s += self._flush(pending, stop)
+                    stop.wait(max(0.0, t0 + held_s + step.due_s - time.monotonic()))
                 pending.append(step)
-            self._flush(pending)
+            self._flush(pending, stop)
         except Exception as e:  # noqa: BLE001 - report, do not crash the run
             self._feeder_error.append(f"workload feeder: {type(e).__name__}: {e}")
             log.exception("workload feeder failed")
@@ -618,20 +625,45 @@ class EmbeddedRun:
             self._created_first_s = started - self._t0
         self._created_last_s = time.monotonic() - self._t0
 
-    def _flush(self, steps: list) -> None:
-        if not steps:
-            return
+    def _flush(self, steps: list, stop: threading.Event) -> float:
+        """Carry out replay steps due now (creations first, as `TraceReplay` orders them); returns
+        the seconds the replay's clock was held (`_wait_for_bind`)."""
+        held_s = 0.0
         creates = [s.pod for s in steps if s.action == "create"]
         if creates:
             self._create(creates)
         for s in steps:
             if s.action == "delete":
                 meta = s.pod["metadata"]
+                namespace = meta.get("namespace") or "default"
+                if id(s.pod) not in self._instant:  # a pod the trace deletes when created is not waited for
+                    held_s += self._wait_for_bind(namespace, meta["name"], stop)
                 try:
-                    ray.get(self.cluster.delete_pod.remote(meta.get("namespace") or "default", meta["name"]))
+                    ray.get(self.cluster.delete_pod.remote(namespace, meta["name"]))
                 except Exception:  # noqa: BLE001 - already gone is fine
                     pass
         steps.clear()
+        return held_s
+
+    def _wait_for_bind(self, namespace: str, name: str, stop: threading.Event) -> float:
+        """Before a replay deletes a pod: while it is neither bound nor `unschedulable` (nor gone),
+        wait, for at most ``trace_bind_wait_s`` (a pod does not end before it ran). Returns the
+        seconds waited, 0 when the pod was ready or waiting is off."""
+        if not self.options.trace_bind_wait_s:
+            return 0.0
+        started = None
+        while not stop.is_set():
+            try:
+                pod = ray.get(self.cluster.get_pod.remote(namespace, name))
+            except Exception:  # noqa: BLE001 - gone
+                break
+            if pod["spec"].get("nodeName") or unschedulable(pod):
+                break
+            started = started or time.monotonic()
+            if time.monotonic() - started > self.options.trace_bind_wait_s:
+                break
+            stop.wait(0.01)
+        return 0.0 if started is None else time.monotonic() - started
 
     # ------------------------------------------------------------------ main
     def run(self) -> RunReport:

@@ -12,6 +12,13 @@ from shardsched.sharding.actors import MAX_CONCURRENCY
 from shardsched.sim.cluster import SimCluster
 
 
+def unschedulable(pod: dict) -> bool:
+    """The pod has the condition PodScheduled=False with reason Unschedulable (what ``kubectl get
+    pods`` shows as such)."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
 class SimClusterHost(SimCluster):
     """The simulated cluster as an actor (adds the process id, for the CPU/memory report)."""
 
@@ -34,23 +41,20 @@ class SimClusterHost(SimCluster):
 
         Returns:
             pods: pods that exist; bound, unbound: of them, with and without ``spec.nodeName``;
-            unschedulable: unbound pods whose ``PodScheduled`` condition is False with reason
-            ``Unschedulable`` (what ``kubectl get pods`` shows as such); binds: successful binds so
+            unschedulable: unbound pods that are `unschedulable`; binds: successful binds so
             far, less double binds (pods ever bound, the deleted ones included); deleted_bound,
             deleted_unbound: pods deleted so far after and before they were bound; requested:
             resource name -> total request of the non-terminal bound pods, canonical units.
         """
         with self._lock:
             unbound = [p for p in self._pods.values() if not p["spec"].get("nodeName")]
-            unschedulable = sum(1 for p in unbound if any(
-                c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-                for c in (p.get("status") or {}).get("conditions") or ()))
+            n_unschedulable = sum(1 for p in unbound if unschedulable(p))
             requested: dict[str, int] = {}
             for per_node in self._requested.values():
                 for resource, v in per_node.items():
                     requested[resource] = requested.get(resource, 0) + v
             return {"pods": len(self._pods), "bound": len(self._pods) - len(unbound), "unbound": len(unbound),
-                    "unschedulable": unschedulable, "binds": self._stats["binds"] - self._stats["double_binds"],
+                    "unschedulable": n_unschedulable, "binds": self._stats["binds"] - self._stats["double_binds"],
                     "deleted_bound": self._deleted["bound"], "deleted_unbound": self._deleted["unbound"],
                     "requested": requested}
 

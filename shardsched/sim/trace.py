@@ -294,35 +294,113 @@ class ReplayStep(NamedTuple):
     pod: dict
 
 
+#: the default replay (`replay_compression`) keeps every pod that lives in the trace alive at
+#: least this long: well above the time a pod takes from creation to bound in an embedded run
+#: with arrivals spread over time (tens of milliseconds on 2 busy cores)
+MIN_REPLAY_LIFETIME_S = 0.25
+#: the default replay holds its clock, at a pod's deletion, until the pod is bound or found
+#: unschedulable, for at most this long: a pod cannot end before it ran, and a scheduler slowed
+#: down (a busy machine) then shifts the rest of the replay instead of losing its pods
+REPLAY_BIND_WAIT_S = 10.0
+
+
+class ReplayCompression(NamedTuple):
+    """How a trace's time becomes replay time (`TraceReplay`): divided by ``time_scale``, then every
+    pause between consecutive steps longer than ``max_pause_s`` (replay seconds; None: none) is
+    shortened to it. ``duration_s``: the replay's length; ``shortest_lifetime_s``: the shortest
+    positive pod lifetime in the trace (trace seconds; None when no pod is deleted after it is
+    created); ``bind_wait_s``: how long the replay holds its clock at a pod's deletion until the
+    pod is bound or unschedulable (None: it does not; the embedded run does the holding)."""
+
+    time_scale: float
+    max_pause_s: float | None
+    duration_s: float
+    shortest_lifetime_s: float | None
+    bind_wait_s: float | None
+
+
+def _due_times(pods: list[TracePod], time_scale: float, max_pause_s: float | None) -> dict[float, float]:
+    """Trace time -> replay time of every creation and deletion of ``pods`` (module docstring of
+    `TraceReplay`): shifted to the first creation, divided by ``time_scale``, pauses capped."""
+    t0 = min((p[0] for p in pods), default=0.0)
+    times = sorted({t for c, d, _ in pods for t in (c, d) if t is not None})
+    out: dict[float, float] = {}
+    due = 0.0
+    previous = t0
+    for t in times:
+        gap = (t - previous) / time_scale
+        due += gap if max_pause_s is None else min(gap, max_pause_s)
+        out[t] = due
+        previous = t
+    return out
+
+
+def replay_compression(pods: Iterable[TracePod], time_scale: float | None = None,
+                       min_lifetime_s: float = MIN_REPLAY_LIFETIME_S) -> ReplayCompression:
+    """The replay's time compression: the given ``time_scale`` applied uniformly, or (None) the
+    default derived from the trace, under which every pod that lives in the trace lives at least
+    ``min_lifetime_s`` in the replay, so that it can be scheduled before it is deleted, and whose
+    clock waits (`REPLAY_BIND_WAIT_S`) for a pod due for deletion before it was bound.
+
+    The default divides time by the shortest positive lifetime over ``min_lifetime_s`` and shortens
+    every pause between steps to at most ``min_lifetime_s``: a pod's replay lifetime is then either
+    its trace lifetime divided (at least ``min_lifetime_s`` for the shortest) or contains a
+    shortened pause (``min_lifetime_s``). The order of creations and deletions is the trace's, so
+    the cluster goes through the same states; only idle time goes. A trace spanning months with
+    lifetimes of seconds (the Alibaba GPU trace) replays in minutes, at most ``min_lifetime_s`` per
+    distinct time of a step. Pods deleted when created (lifetime 0) stay so. Without any positive
+    lifetime, time is not divided, only pauses shortened.
+
+    Raises:
+        ValueError: ``time_scale`` or ``min_lifetime_s`` <= 0.
+    """
+    if time_scale is not None and not time_scale > 0:
+        raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    if not min_lifetime_s > 0:
+        raise ValueError(f"min_lifetime_s must be > 0, got {min_lifetime_s}")
+    pods = list(pods)
+    lifetimes = [d - c for c, d, _ in pods if d is not None and d > c]
+    shortest = min(lifetimes) if lifetimes else None
+    if time_scale is None:
+        scale, pause, wait = (shortest / min_lifetime_s if shortest else 1.0), min_lifetime_s, REPLAY_BIND_WAIT_S
+    else:
+        scale, pause, wait = time_scale, None, None
+    due = _due_times(pods, scale, pause)
+    return ReplayCompression(scale, pause, max(due.values(), default=0.0), shortest, wait)
+
+
 class TraceReplay:
     """Trace pods as a time-ordered list of create and delete steps.
 
     Times are shifted so the first creation is at 0 and divided by ``time_scale`` (100 replays a
-    day in under 15 minutes). Among steps due at the same time, deletions come first (they free
-    room), then creations, then deletions of pods created at that same instant (a pod is never
-    deleted before it is created); ties otherwise keep the input order. Pods never deleted get no
-    delete step.
+    day in under 15 minutes); with ``max_pause_s``, every pause between consecutive steps longer
+    than that (after the division) is shortened to it, which keeps the order of the steps
+    (`replay_compression` chooses both). Among steps due at the same time, deletions come first
+    (they free room), then creations, then deletions of pods created at that same instant (a pod
+    is never deleted before it is created); ties otherwise keep the input order. Pods never
+    deleted get no delete step.
 
     Args:
         pods: (creation_time_s, deletion_time_s or None, pod) items, e.g. from `load_pods`.
         time_scale: > 0.
+        max_pause_s: > 0 replay seconds, or None for no limit.
 
     Raises:
-        ValueError: ``time_scale`` <= 0.
+        ValueError: ``time_scale`` or ``max_pause_s`` <= 0.
     """
 
-    def __init__(self, pods: Iterable[TracePod], time_scale: float = 1.0) -> None:
+    def __init__(self, pods: Iterable[TracePod], time_scale: float = 1.0, max_pause_s: float | None = None) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        if max_pause_s is not None and not max_pause_s > 0:
+            raise ValueError(f"max_pause_s must be > 0, got {max_pause_s}")
         pods = list(pods)
-        t0 = min((p[0] for p in pods), default=0.0)
+        due = _due_times(pods, time_scale, max_pause_s)
         keyed: list[tuple[float, int, int, ReplayStep]] = []
         for seq, (created, deleted, pod) in enumerate(pods):
-            due = (created - t0) / time_scale
-            keyed.append((due, 1, seq, ReplayStep(due, CREATE, pod)))
+            keyed.append((due[created], 1, seq, ReplayStep(due[created], CREATE, pod)))
             if deleted is not None:
-                due = (deleted - t0) / time_scale
-                keyed.append((due, 2 if deleted == created else 0, seq, ReplayStep(due, DELETE, pod)))
+                keyed.append((due[deleted], 2 if deleted == created else 0, seq, ReplayStep(due[deleted], DELETE, pod)))
         keyed.sort(key=lambda k: k[:3])
         self.steps: list[ReplayStep] = [k[3] for k in keyed]
 
