@@ -172,6 +172,29 @@ class Pod(dict):
         self.spec.setdefault("schedulingGates", []).extend({"name": n} for n in names)
         return self
 
+    def with_priority(self, value: int, policy: str | None = None) -> "Pod":
+        """``spec.priority`` (and ``spec.preemptionPolicy``)."""
+        self.spec["priority"] = value
+        if policy:
+            self.spec["preemptionPolicy"] = policy
+        return self
+
+    def with_labels(self, labels: dict | None = None, **kw: str) -> "Pod":
+        self["metadata"].setdefault("labels", {}).update(labels or {}, **kw)
+        return self
+
+    def started(self, second: int) -> "Pod":
+        """Running since ``second`` seconds after 2026-01-01T00:00:00Z (``status.startTime``)."""
+        self.setdefault("status", {}).update(phase="Running", startTime=f"2026-01-01T00:{second // 60:02d}:{second % 60:02d}Z")
+        return self
+
+    def terminating_by_preemption(self) -> "Pod":
+        """Deleted by a preemption and still terminating (deletionTimestamp, DisruptionTarget)."""
+        self["metadata"]["deletionTimestamp"] = "2026-01-01T01:00:00Z"
+        self.setdefault("status", {}).setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"})
+        return self
+
     def on(self, node_name: str) -> "Pod":
         """Bound to ``node_name`` (``spec.nodeName``)."""
         self.spec["nodeName"] = node_name

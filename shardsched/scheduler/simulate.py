@@ -9,6 +9,15 @@ PreEnqueue plugins keep out of the queue (SchedulingGates: ``spec.schedulingGate
 is Gated, with the plugin's message, and not placed. Each pod gets one attempt: an unschedulable
 pod is a result, not retried.
 
+Preemption (the profile's PostFilter, DefaultPreemption): a pod that fits no node may nominate one
+where deleting pods of lower priority makes room (PodDisruptionBudgets from the input are read as
+given). Its victims are reported ``Preempted``; a victim whose ``terminationGracePeriodSeconds`` is
+0 is gone at once, one with a grace period stays on its node terminating (no kubelet ends it here,
+as on an API server without nodes), so the preemptor then waits, Unschedulable, nominated to the
+node, and counts there for the pods after it. The preemptor gets the attempt after its victims are
+gone: its nominated node first, then every node. Every attempted pod's entry lists its ``victims``
+and ``nominatedNode`` (kept after it binds, as kube keeps ``status.nominatedNodeName``).
+
 What a cluster would do differently is said in ``warnings``, never hidden: pods whose
 ``schedulerName`` no profile has (kube-scheduler ignores them; here the first profile places them,
 one warning per schedulerName), a pod bound to a node that is not in the input (it counts on no
@@ -97,27 +106,15 @@ class _Preemptions:
     terminating on their node (a longer grace period: without a kubelet they stay, as on an API
     server without nodes), and the preemptors still waiting for them, nominated to their node.
 
-    A waiting preemptor counts on its node for pods of equal or lower priority (upstream
-    ``RunFilterPluginsWithNominatedPods``), not for pods of higher priority (`hidden_for`), and not
-    in the final node usage (it is not bound)."""
+    A waiting preemptor counts on its node for the pods after it, which in queue order are of equal or
+    lower priority (upstream ``RunFilterPluginsWithNominatedPods``), and not in the final node usage
+    (it is not bound)."""
 
     def __init__(self, table: NodeTable, report: SimulationReport, grace: dict[str, int]) -> None:
         self.table = table
         self.report = report
         self.grace = grace  # uid of a bound pod -> its terminationGracePeriodSeconds
         self.waiting: dict[str, tuple[PodInfo, PodOutcome]] = {}  # uid -> (nominated pod, its outcome)
-
-    def hidden_for(self, pod: PodInfo) -> list[PodInfo]:
-        """Take the waiting preemptors of lower priority than ``pod`` off their nodes; `restore`
-        puts them back."""
-        hidden = [p for p, _ in self.waiting.values() if p.priority < pod.priority]
-        for p in hidden:
-            self.table.remove_pod(p.uid)
-        return hidden
-
-    def restore(self, hidden: list[PodInfo]) -> None:
-        for p in hidden:
-            self.table.add_pod(PodUsage.of(p), p.nominated_node_name)
 
     def prepare(self, pod: PodInfo, result: PostFilterResult) -> None:
         """kube's ``prepareCandidate``: delete the victims (each gets a Preempted outcome) and clear
@@ -254,11 +251,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
         if not gate.is_success():
             report.pods.append(PodOutcome(pod.namespace, pod.name, None, GATED, gate.message, requests))
             continue
-        hidden = preemptions.hidden_for(pod)
-        try:
-            report.pods.append(_place(sched, pod, requests, preemptions))
-        finally:
-            preemptions.restore(hidden)
+        report.pods.append(_place(sched, pod, requests, preemptions))
     preemptions.end()
     for name, count in unknown_scheduler.items():
         report.warnings.append(
