@@ -14,7 +14,7 @@ from shardsched.kube.client import Api, ClientSpec, Forbidden, Garbage, Unauthor
 from shardsched.kube.cluster import KubeCluster
 from shardsched.testing.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
-from shardsched.cluster import ServerError
+from shardsched.cluster import Conflict, NotFound, ServerError
 
 from builders import pod
 
@@ -50,6 +50,23 @@ def wait_for(check, timeout_s: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", ["sim", "kube"])
+def test_delete_pod_with_a_stale_uid_is_a_conflict_and_deletes_nothing(server, cluster, backend):
+    """The cluster contract's ``delete_pod`` (a preemption's eviction), on both backends: a uid
+    precondition naming another pod of that name answers 409 and leaves the pod; the current uid
+    deletes it; deleting it again is 404."""
+    uid = pending(server.sim, "victim")["metadata"]["uid"]
+    target = server.sim if backend == "sim" else cluster
+    with pytest.raises(Conflict):
+        target.delete_pod("default", "victim", uid="not-" + uid, grace_period_s=0)
+    assert server.sim.get_pod("default", "victim")["metadata"]["uid"] == uid
+    target.delete_pod("default", "victim", uid=uid, grace_period_s=0)
+    with pytest.raises(NotFound):
+        server.sim.get_pod("default", "victim")
+    with pytest.raises(NotFound):
+        target.delete_pod("default", "victim")
 
 
 def test_rbac_denied_list_is_a_clear_permanent_error(server, cluster):
