@@ -19,6 +19,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # could not start (Redis, Ray, a config or trace file), or the plot could not be written
 EXIT_INVARIANT = 3
 EXIT_TIMEOUT = 4
+#: an actor the run cannot replace died: the simulated cluster, or the coordinator while the run started
+EXIT_DIED = 5
 #: interrupted: 128 + the signal's number, as shells report it (130 SIGINT, 143 SIGTERM)
 EXIT_SIGNAL_BASE = 128
 
@@ -139,6 +141,8 @@ def run(**kw) -> None:
       2    bad command-line usage (an option's value, or options that do not fit together)
       3    an invariant was violated
       4    timed out (--timeout) with pods pending
+      5    the simulated cluster died, or the coordinator while the run started (one line says
+           which; the summary counts what was seen until then)
       130  interrupted by SIGINT (Ctrl-C); 143 by SIGTERM (128 + the signal's number)
     """
     try:  # imports (Ray's), files, workload: a Ctrl-C here comes before the run's own handlers
@@ -157,12 +161,15 @@ def run(**kw) -> None:
         sys.exit(EXIT_FAILED)
     code = exit_status(report)
     if not report.started:
-        click.echo(f"interrupted during start-up ({report.interrupted}); nothing was scheduled", err=True)
+        what = f"error: {report.died}" if report.died else f"interrupted during start-up ({report.interrupted})"
+        click.echo(f"{what}; nothing was scheduled", err=True)
         sys.exit(code)
     if kw["output"] == "json":
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         _print_summary(report)
+    if report.died:
+        click.echo(f"error: {report.died}; the summary counts what was seen until then", err=True)
     if kw["plot_path"]:
         try:
             _plot(report, kw["plot_path"])
@@ -216,8 +223,11 @@ def _prepare(kw: dict):
 
 
 def exit_status(report) -> int:
-    """``run``'s exit status for a report (the table in ``run --help``): an invariant violated
-    comes first, then an interruption (128 + the signal's number), then a timeout."""
+    """``run``'s exit status for a report (the table in ``run --help``): an actor that died comes
+    first (the counts are then partial), then an invariant violated, an interruption (128 + the
+    signal's number), a timeout."""
+    if report.died:
+        return EXIT_DIED
     data = report.to_json()
     if data["overcommitted_nodes"] or data["admission_rejections"] or data["double_binds"] or data["lost_pods"]:
         return EXIT_INVARIANT

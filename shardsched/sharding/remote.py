@@ -45,8 +45,8 @@ class Remote:
             return getattr(self.target, method)(*args)
         try:
             return ray.get(getattr(self.target, method).remote(*args), timeout=timeout_s)
-        except ActorDiedError as e:
-            raise RemoteDead(f"{method}: the actor died: {e}") from None
+        except ActorDiedError as e:  # Ray's message goes on for lines (class, ids, pid, address)
+            raise RemoteDead(f"{method}: the actor died: {str(e).splitlines()[0]}") from None
         except (GetTimeoutError, RayActorError) as e:
             raise RemoteUnavailable(f"{method}: {type(e).__name__}: {e}") from None
         except RayTaskError as e:  # the method raised: our own typed errors pass through

@@ -197,6 +197,9 @@ class RunReport:
     interrupted: str | None = None
     #: the run gave up after ``RunOptions.timeout_s`` with pods pending
     timed_out: bool = False
+    #: what died and when, when an actor the run cannot replace died (the simulated cluster, the
+    #: coordinator while the run started): ``"the simulated cluster died 3.2 s into the run"``
+    died: str | None = None
     #: restarts of the embedded redis-server after it exited: {"at_s", "pid", "exit"}
     redis_restarts: list[dict] = field(default_factory=list)
     ledger_rebuilds: int = 0
@@ -260,7 +263,7 @@ class RunReport:
             "pods_total": self.pods_total, "pods_bound": self.pods_bound,
             "pods_unschedulable": self.pods_unschedulable, "pods_pending": self.pods_pending,
             "pods_deleted_unbound": self.pods_deleted_unbound,
-            "started": self.started, "interrupted": self.interrupted, "timed_out": self.timed_out,
+            "started": self.started, "interrupted": self.interrupted, "timed_out": self.timed_out, "died": self.died,
             "redis_restarts": self.redis_restarts, "ledger_rebuilds": self.ledger_rebuilds,
             "throughput_pods_per_s": round(self.throughput, 1), "latency_ms": self.latency_ms(),
             "overcommitted_nodes": len(inv.get("overcommitted_nodes", ())),
@@ -674,6 +677,10 @@ class EmbeddedRun:
         and everything started is stopped, Ray included (also during its start-up). The report's
         ``interrupted`` names the signal; ``started`` is False when it came before the workload.
 
+        An actor that dies and cannot be replaced (the simulated cluster; the coordinator before
+        the workload started: after, a new one adopts the shards) ends the run: ``died`` says which
+        and when, and the counts are those of the last sample of the cluster when it is the one gone.
+
         Raises:
             RunError: Redis, Ray or the actors could not start, or the embedded redis-server
                 exited and could not be started again.
@@ -712,12 +719,43 @@ class EmbeddedRun:
                         self._settle(report, stop, feeder, sampler)
                     except Exception as e:  # noqa: BLE001 - on the way out: say what is missing
                         report.errors.append(f"the report is incomplete: {type(e).__name__}: {e}")
+            except ray.exceptions.RayActorError as e:
+                signals["stopping"] = True
+                report.died = f"{self._what_died(e)} died"
+                if report.started:
+                    report.schedule_wall_s = report.schedule_wall_s or time.monotonic() - t0
+                    report.died += f" {report.schedule_wall_s:.1f} s into the run"
+                    try:
+                        self._settle(report, stop, feeder, sampler)
+                    except ray.exceptions.RayError:  # the cluster is gone: what its last sample showed
+                        self._count_last_sample(report)
+                else:
+                    report.died += " while the run started"
+                log.info("%s: stopping the run", report.died)
             finally:
                 signals["stopping"] = True
                 report.wall_s = time.monotonic() - started
                 self._stop()
         report.errors.extend(self._feeder_error)
         return report
+
+    def _what_died(self, error: ray.exceptions.RayActorError) -> str:
+        """The run's actor that ``error`` is about, in words ("the simulated cluster")."""
+        for handle, what in ((self.cluster, "the simulated cluster"), (self.coordinator, "the coordinator")):
+            if handle is not None and handle._actor_id.hex() == getattr(error, "actor_id", None):
+                return what
+        return "an actor of the run"
+
+    def _count_last_sample(self, report: RunReport) -> None:
+        """The counts of the cluster's last sample (`_sample`), once it can no longer be asked: the
+        pods it did not show bound, unschedulable or deleted are counted pending."""
+        last = report.samples[-1] if report.samples else None
+        if last is not None:
+            report.pods_bound, report.pods_unschedulable = last.bound, last.unschedulable
+            report.pods_deleted_unbound = last.deleted_unbound
+        report.pods_pending = max(0, report.pods_total - report.pods_bound - report.pods_unschedulable
+                                  - report.pods_deleted_unbound)
+        report.errors.append("the counts are those of the cluster's last sample, before it died")
 
     def _settle(self, report: RunReport, stop: threading.Event, feeder: threading.Thread | None,
                 sampler: threading.Thread | None) -> None:
@@ -819,6 +857,8 @@ class EmbeddedRun:
             asked = time.monotonic()
             try:
                 progress = ray.get(self.cluster.progress.remote(), timeout=10)
+            except ray.exceptions.RayActorError:  # the cluster died: the run ends and says so
+                return
             except Exception as e:  # noqa: BLE001 - the plot has what was sampled; the run goes on
                 log.warning("sampling the cluster stopped: %s: %s", type(e).__name__, e)
                 return

@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 from shardsched import gctune
+from shardsched.cluster.errors import NotFound
 from shardsched.sharding.actors import MAX_CONCURRENCY
 from shardsched.sim.cluster import SimCluster
 
@@ -30,6 +31,15 @@ class SimClusterHost(SimCluster):
 
     def pid(self) -> int:
         return os.getpid()
+
+    def set_pod_condition(self, namespace: str, name: str, condition: dict, resource_version: str | None = None) -> bool:
+        """`SimCluster.set_pod_condition`, where a pod deleted meanwhile (404) is an expected outcome:
+        the coordinator's writes are fire and forget (a trace replay deletes pods at any moment), so
+        it answers False, as for a pod left unchanged, instead of an error nobody reads."""
+        try:
+            return super().set_pod_condition(namespace, name, condition, resource_version)
+        except NotFound:
+            return False
 
     def _delete_pod(self, key: str) -> dict:
         pod = super()._delete_pod(key)
