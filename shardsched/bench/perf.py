@@ -26,8 +26,8 @@ follow upstream's ``scheduler_perf.go``:
 
 What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
 pods with scheduling gates (init pods are created bound here), and pods that need plugins
-shardsched does not implement (volumes, DynamicResources, DefaultPreemption when the workload
-depends on it). A workload that runs but has
+shardsched does not implement (volumes, DynamicResources), and the workloads that depend on
+preemption, which the sharded runtime does not run yet (DefaultPreemption runs in ``simulate``). A workload that runs but has
 a part ignored is marked ``partial`` with a note (Services in churn, which upstream's default
 spreading constraints would read). Workloads that differ from another one only by kube-scheduler
 feature gates (same ops and params) are the same workload here and run once.
@@ -305,7 +305,7 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
     partial: list[str] = []
     measured_seen = False
     if w.case.name in NEEDS_PREEMPTION:
-        skip.append("the measured pods need preemption (DefaultPreemption is not implemented)")
+        skip.append("the measured pods need preemption, which the sharded runtime does not run yet")
     for i, op in enumerate(w.case.ops):
         code = op.get("opcode")
         if code not in _OPS:
