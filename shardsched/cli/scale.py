@@ -66,7 +66,7 @@ def scale(shards: int | None, ray_address: str | None, name: str, timeout_s: flo
     # refused token), where neither a timeout nor a signal reaches them: they run in a thread, and
     # this one waits for it, within --timeout, and ends the process on a signal
     global _stderr_fd
-    _stderr_fd = os.dup(2)  # stderr itself, while _ray_log_kept holds file descriptor 2
+    _stderr_fd = os.dup(2)  # stderr itself, while `_KeptLog.kept` holds file descriptor 2
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     outcome: list = []
