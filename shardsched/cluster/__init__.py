@@ -15,7 +15,7 @@ from shardsched.cluster.errors import (
     ServerError,
     Timeout,
 )
-from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, WatchEvent, read_event_log
+from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, WatchEvent, read_event_log
 
 __all__ = [
     "ADDED",
@@ -28,6 +28,7 @@ __all__ = [
     "NODE",
     "NOT_APPLIED",
     "NOT_FOUND",
+    "PDB",
     "POD",
     "AlreadyExists",
     "ApiError",

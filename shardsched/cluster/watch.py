@@ -4,7 +4,7 @@
 A backend serves list-then-watch as the API server does: ``list_<kind>s() -> (objects, rv)``, then
 ``events_since(rv, kinds, limit)`` for the changes after ``rv``, raising `Gone` once its log no
 longer reaches back (the caller lists again). A kind the coming features need (a
-PodDisruptionBudget, a PersistentVolumeClaim) is a constant here, a ``list_`` method on each
+PersistentVolumeClaim, as `PDB` was) is a constant here, a ``list_`` method on each
 backend, and an entry in the backend's `Capabilities.kinds`; the watch needs nothing new.
 """
 
@@ -19,12 +19,15 @@ from shardsched.cluster.errors import Gone, Invalid
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 #: object kinds a backend may list and watch (``kind`` of the objects)
 NODE, POD, NAMESPACE = "Node", "Pod", "Namespace"
+#: ``policy/v1`` PodDisruptionBudgets (preemption reads them); a backend that lists them has it in
+#: `Capabilities.kinds` and a ``list_pdbs`` method
+PDB = "PodDisruptionBudget"
 
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change: ``type`` ADDED, MODIFIED or DELETED; ``kind`` the object's kind (`NODE`, `POD`,
-    `NAMESPACE`, ...); ``object`` the object after the change (for DELETED, its last state), a
+    `NAMESPACE`, `PDB`); ``object`` the object after the change (for DELETED, its last state), a
     camelCase dict as the API server sends it; ``rv`` the backend's sequence number of the change."""
 
     type: str

@@ -21,7 +21,17 @@ Where the simulator differs from a real cluster (each on purpose, for a faster o
   controller deletes the pod later), and a uid that differs from the current pod's (the pod was
   deleted and re-created) answers 404 (a real server answers 409 for the failed uid precondition);
   either way the binding is for a pod or node that is gone.
-- Deletion is immediate (grace period 0): no ``deletionTimestamp`` phase.
+- Graceful deletion runs on the cluster's own clock (``clock``), its grace periods multiplied by
+  ``grace_period_scale``; the default scale 0 deletes every pod at once (no ``deletionTimestamp``
+  phase), as a trace replay expects. With a scale above 0 a deleted bound pod is terminating: it
+  gets ``metadata.deletionTimestamp`` (a MODIFIED event) and keeps its node's resources until its
+  grace period ends, then goes (DELETED), which the kubelet and the API server do between them.
+  The end is noticed by the next call of any method (each one first finishes the pods due).
+- A PodDisruptionBudget's status is written in the same call as the pod change that alters it
+  (the disruption controller's resync, at once); its expected pod count is the number of pods its
+  selector selects (upstream asks the pods' controllers for their scale when the budget is a
+  percentage or ``maxUnavailable``), and a pod is healthy when it is bound, ``Running`` and not
+  terminating (upstream asks for the ``Ready`` condition, which the simulator does not write).
 - Setting ``spec.unschedulable`` also adds or removes the ``node.kubernetes.io/unschedulable``
   NoSchedule taint in the same write (what the node lifecycle controller does right after).
 - Events (`record_event`) are kept per object until the object is deleted (a real cluster keeps
@@ -40,23 +50,28 @@ Ray actor) every process calls: no per-process copies, no write gate.
 
 from __future__ import annotations
 
+import heapq
 import random
 import threading
 import time
 import uuid
 from collections import abc
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from shardsched.api.objects import TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo, as_dict
+from shardsched.api.objects import (DEFAULT_GRACE_PERIOD_S, TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo,
+                                    as_dict)
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
-from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, POD, AlreadyExists, Binding,
+from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
                                 read_event_log)
+from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
+                                       parse_budget)
 
 #: PriorityClasses every cluster has (``scheduling.k8s.io``'s built-in system classes).
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
@@ -114,9 +129,10 @@ class FaultConfig:
         return self.bind_error_rate + self.bind_conflict_rate + self.bind_timeout_rate > 0
 
 
-def _now() -> str:
-    """RFC 3339 UTC timestamp with second precision, as ``metav1.Time`` serializes."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(after_s: float = 0.0) -> str:
+    """RFC 3339 UTC timestamp (now, or ``after_s`` seconds from now) with second precision, as
+    ``metav1.Time`` serializes."""
+    return (datetime.now(timezone.utc) + timedelta(seconds=after_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _copy_tree(value: Any) -> Any:
@@ -178,20 +194,38 @@ class SimCluster:
             admission plugin).
         copy_inputs: deep-copy objects given to ``create_*`` (False only where the caller never
             reuses them, e.g. inside a Ray actor, whose arguments are private deserialized copies).
+        clock: the cluster's clock, seconds (``time.monotonic``; a test may pass its own): when a
+            terminating pod's grace period ends.
+        grace_period_scale: factor applied to every grace period (1 waits as a kubelet would,
+            0.01 makes 30 s last 0.3 s); 0, the default, deletes every pod at once.
 
     Raises:
-        ValueError: ``history_limit`` < 1.
+        ValueError: ``history_limit`` < 1, or ``grace_period_scale`` < 0.
     """
 
-    capabilities = Capabilities()
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB}))
     #: Events and conditions are written at once, beside the binds: no `WriteGate`
     gate = None
 
     def __init__(self, seed: int = 0, faults: FaultConfig | None = None, history_limit: int = 100_000,
-                 priority_classes: Mapping[str, int] | None = None, copy_inputs: bool = True) -> None:
+                 priority_classes: Mapping[str, int] | None = None, copy_inputs: bool = True,
+                 clock: Callable[[], float] = time.monotonic, grace_period_scale: float = 0.0) -> None:
         if history_limit < 1:
             raise ValueError("history_limit must be >= 1")
+        if grace_period_scale < 0:
+            raise ValueError("grace_period_scale must be >= 0")
         self._lock = threading.Lock()
+        self._clock = clock
+        self._grace_period_scale = grace_period_scale
+        #: terminating pods: (end on the clock, sequence, pod key, uid), soonest first
+        self._terminating: list[tuple[float, int, str, str]] = []
+        self._terminating_seq = 0
+        #: PodDisruptionBudgets by "namespace/name": the objects, their parsed spec, and per budget
+        #: the pods its selector selects (pod key -> healthy); budget keys by namespace
+        self._pdbs: dict[str, dict] = {}
+        self._budgets: dict[str, Budget] = {}
+        self._pdb_members: dict[str, dict[str, bool]] = {}
+        self._budgets_in: dict[str, set[str]] = {}
         #: copy objects passed to create_*; a Ray actor gets private deserialized copies already
         self._copy_inputs = copy_inputs
         self._faults = faults or FaultConfig()
@@ -222,22 +256,36 @@ class SimCluster:
 
     def list_nodes(self) -> tuple[list[dict], int]:
         """All nodes and the resourceVersion to watch from."""
-        with self._lock:
+        with self._locked():
             return list(self._nodes.values()), self._rv
 
     def list_pods(self) -> tuple[list[dict], int]:
         """All pods and the resourceVersion to watch from."""
-        with self._lock:
+        with self._locked():
             return list(self._pods.values()), self._rv
 
     def list_namespaces(self) -> tuple[list[dict], int]:
         """All Namespace objects and the resourceVersion to watch from."""
-        with self._lock:
+        with self._locked():
             return list(self._namespaces.values()), self._rv
+
+    def list_pdbs(self) -> tuple[list[dict], int]:
+        """All PodDisruptionBudget objects (``policy/v1``, with the status the simulated disruption
+        controller wrote) and the resourceVersion to watch from."""
+        with self._locked():
+            return list(self._pdbs.values()), self._rv
+
+    def get_pdb(self, namespace: str, name: str) -> dict:
+        """The PodDisruptionBudget ``namespace/name``. Raises: NotFound."""
+        with self._locked():
+            pdb = self._pdbs.get(f"{namespace}/{name}")
+        if pdb is None:
+            raise NotFound(f'poddisruptionbudgets.policy "{name}" not found')
+        return pdb
 
     def get_namespace(self, name: str) -> dict:
         """The Namespace object ``name``. Raises: NotFound (never created: pods may still be in it)."""
-        with self._lock:
+        with self._locked():
             ns = self._namespaces.get(name)
         if ns is None:
             raise NotFound(f'namespaces "{name}" not found')
@@ -245,7 +293,7 @@ class SimCluster:
 
     def get_node(self, name: str) -> dict:
         """The node named ``name``. Raises: NotFound."""
-        with self._lock:
+        with self._locked():
             node = self._nodes.get(name)
         if node is None:
             raise NotFound(f'nodes "{name}" not found')
@@ -253,7 +301,7 @@ class SimCluster:
 
     def get_pod(self, namespace: str, name: str) -> dict:
         """The pod ``namespace/name``. Raises: NotFound."""
-        with self._lock:
+        with self._locked():
             pod = self._pods.get(f"{namespace}/{name}")
         if pod is None:
             raise NotFound(f'pods "{name}" not found')
@@ -265,7 +313,8 @@ class SimCluster:
 
         Args:
             rv: from `list_nodes`/`list_pods` or a previous call (a string resourceVersion works).
-            kinds: only these kinds (``Node``, ``Pod``); None for all.
+            kinds: only these kinds (``Node``, ``Pod``, ``Namespace``, ``PodDisruptionBudget``);
+                None for all.
             limit: at most this many events; None for all.
 
         Returns:
@@ -277,18 +326,18 @@ class SimCluster:
                 (it came from another instance); list again.
             Invalid: ``rv`` is not an integer, or ``limit`` < 1.
         """
-        with self._lock:
+        with self._locked():
             return read_event_log(self._history, self._compacted_rv, self._rv, rv, kinds, limit, "cluster")
 
     def events_for(self, namespace: str, name: str) -> list[dict]:
         """Events recorded about an object, oldest first (``namespace`` "" for nodes)."""
-        with self._lock:
+        with self._locked():
             return list(self._events.get((namespace, name), ()))
 
     def requested(self, node_name: str) -> dict[str, int]:
         """Simulator introspection (no kube endpoint has it): the running request totals of the
         non-terminal pods bound to ``node_name``, canonical units, as the admission uses them."""
-        with self._lock:
+        with self._locked():
             return dict(self._requested.get(node_name, {}))
 
     def invariants(self) -> dict[str, Any]:
@@ -307,7 +356,7 @@ class SimCluster:
             pods_unbound: sorted ``namespace/name`` keys of pods without ``spec.nodeName``;
             injected_faults: {server_errors, conflicts, timeouts, timeouts_applied}.
         """
-        with self._lock:
+        with self._locked():
             over = sorted(
                 name for name, alloc in self._allocatable.items()
                 if any(v > alloc.get(r, 0) for r, v in self._requested.get(name, {}).items())
@@ -345,7 +394,7 @@ class SimCluster:
             AlreadyExists: a name is taken, or repeated in ``objs``.
         """
         prepared = [self._prepare_pod(o) for o in objs]
-        with self._lock:
+        with self._locked():
             seen: set[str] = set()
             for key, _, _ in prepared:
                 if key in self._pods or key in seen:
@@ -372,24 +421,106 @@ class SimCluster:
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    grace_period_s: int | None = None) -> dict:
-        """Delete a pod at once, whatever ``grace_period_s`` asks (the simulator has no kubelet to
-        wait for: grace period 0), and free what it used on its node.
+        """Delete a pod, gracefully as the API server's pod strategy (``CheckGracefulDelete``) does:
+        the grace period is ``grace_period_s``, else the pod's ``terminationGracePeriodSeconds``
+        (30 when unset); 0 for a pod not bound or already terminal; 1 when negative. A pod with a
+        grace period (times ``grace_period_scale``) above 0 becomes terminating: it gets
+        ``metadata.deletionTimestamp`` and ``deletionGracePeriodSeconds`` (a MODIFIED event) and
+        keeps its node's resources until the period ends on the clock, then it goes (DELETED).
+        Deleting a terminating pod again only shortens its grace period; 0 deletes it at once.
 
         Args:
             uid: a precondition (``DeleteOptions.preconditions.uid``): the pod must still be that one.
 
         Returns:
-            the pod's last state. Raises: NotFound; Conflict when ``uid`` differs (as the API server
-            answers a failed precondition).
+            the pod's state: terminating, or its last state when it is gone.
+
+        Raises: NotFound; Conflict when ``uid`` differs (as the API server answers a failed
+        precondition).
         """
         key = f"{namespace}/{name}"
-        with self._lock:
-            if uid is not None:
-                pod = self._pods.get(key)
-                if pod is not None and pod["metadata"].get("uid") != uid:
-                    raise Conflict(f'Precondition failed: UID in precondition: {uid}, UID in object meta: '
-                                   f'{pod["metadata"].get("uid")}')
-            return self._delete_pod(key)
+        with self._locked():
+            pod = self._pods.get(key)
+            if pod is None:
+                raise NotFound(f'pods "{name}" not found')
+            meta = pod["metadata"]
+            if uid is not None and meta.get("uid") != uid:
+                raise Conflict(f'Precondition failed: UID in precondition: {uid}, UID in object meta: {meta.get("uid")}')
+            grace = self._grace_period(pod, grace_period_s)
+            if grace == 0 or self._grace_period_scale == 0:
+                return self._delete_pod(key)
+            if meta.get("deletionTimestamp") and grace >= meta.get("deletionGracePeriodSeconds", grace):
+                return pod
+            self._terminating_seq += 1
+            heapq.heappush(self._terminating, (self._clock() + grace * self._grace_period_scale,
+                                               self._terminating_seq, key, meta["uid"]))
+            new_meta = {**meta, "deletionTimestamp": _now(grace), "deletionGracePeriodSeconds": grace}
+            self._pods[key] = self._commit(MODIFIED, POD, {**pod, "metadata": new_meta})
+            return self._pods[key]
+
+    @staticmethod
+    def _grace_period(pod: dict, grace_period_s: int | None) -> int:
+        """The API server's grace period for deleting ``pod`` (see `delete_pod`), seconds."""
+        if not pod["spec"].get("nodeName") or pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+            return 0
+        if grace_period_s is None:
+            grace_period_s = pod["spec"].get("terminationGracePeriodSeconds")
+            if grace_period_s is None:
+                grace_period_s = DEFAULT_GRACE_PERIOD_S
+        return 1 if grace_period_s < 0 else int(grace_period_s)
+
+    def terminating(self) -> list[tuple[str, float]]:
+        """Simulator introspection: ``(namespace/name, seconds left on the clock)`` of each
+        terminating pod, soonest end first."""
+        with self._locked():
+            now = self._clock()
+            return [(key, end - now) for end, _, key, uid in sorted(self._terminating)
+                    if key in self._pods and self._pods[key]["metadata"]["uid"] == uid]
+
+    def create_pdb(self, obj: Any) -> dict:
+        """Create a PodDisruptionBudget (``policy/v1``), validated as the API server does
+        (`shardsched.sim.disruption.parse_budget`), with its status computed from the pods it
+        selects at once (`shardsched.sim.disruption.budget_status`); the status is written again
+        whenever one of its pods comes, goes, or changes health.
+
+        Returns: the stored budget. Raises: Invalid (the message names the field), AlreadyExists.
+        """
+        budget, pdb = self._prepare_pdb(obj)
+        with self._locked():
+            if budget.key in self._pdbs:
+                raise AlreadyExists(f'poddisruptionbudgets.policy "{pdb["metadata"]["name"]}" already exists')
+            pdb["metadata"].update(uid=self._new_uid(), creationTimestamp=_now(), generation=1)
+            self._pdbs[budget.key] = pdb
+            self._set_budget(budget)
+            self._pdbs[budget.key] = self._commit(ADDED, PDB, {**pdb, "status": self._pdb_status(budget.key, {})})
+            return self._pdbs[budget.key]
+
+    def update_pdb(self, obj: Any) -> dict:
+        """Replace a PodDisruptionBudget's spec, labels and annotations (``generation`` + 1; uid and
+        creationTimestamp kept), its status computed again. Raises: NotFound, Invalid."""
+        budget, pdb = self._prepare_pdb(obj)
+        with self._locked():
+            old = self._pdbs.get(budget.key)
+            if old is None:
+                raise NotFound(f'poddisruptionbudgets.policy "{pdb["metadata"]["name"]}" not found')
+            pdb["metadata"].update(uid=old["metadata"]["uid"], creationTimestamp=old["metadata"]["creationTimestamp"],
+                                   generation=old["metadata"]["generation"] + 1)
+            self._pdbs[budget.key] = pdb
+            self._set_budget(budget)
+            status = self._pdb_status(budget.key, old.get("status") or {})
+            self._pdbs[budget.key] = self._commit(MODIFIED, PDB, {**pdb, "status": status})
+            return self._pdbs[budget.key]
+
+    def delete_pdb(self, namespace: str, name: str) -> dict:
+        """Delete a PodDisruptionBudget. Returns: its last state. Raises: NotFound."""
+        key = f"{namespace}/{name}"
+        with self._locked():
+            old = self._pdbs.pop(key, None)
+            if old is None:
+                raise NotFound(f'poddisruptionbudgets.policy "{name}" not found')
+            del self._budgets[key], self._pdb_members[key]
+            self._budgets_in[namespace].discard(key)
+            return self._commit(DELETED, PDB, {**old, "metadata": {**old["metadata"]}})
 
     def create_namespace(self, obj: Any) -> dict:
         """Create a Namespace: its name must be a DNS-1123 label and its labels valid; the API
@@ -398,7 +529,7 @@ class SimCluster:
         Raises: Invalid (message names the field), AlreadyExists.
         """
         name, ns = self._prepare_namespace(obj)
-        with self._lock:
+        with self._locked():
             if name in self._namespaces:
                 raise AlreadyExists(f'namespaces "{name}" already exists')
             ns["metadata"]["uid"] = self._new_uid()
@@ -410,7 +541,7 @@ class SimCluster:
         """Replace a Namespace's labels and annotations (uid and creationTimestamp are kept; the name
         label is set again). Raises: NotFound, Invalid."""
         name, ns = self._prepare_namespace(obj)
-        with self._lock:
+        with self._locked():
             old = self._namespaces.get(name)
             if old is None:
                 raise NotFound(f'namespaces "{name}" not found')
@@ -420,16 +551,21 @@ class SimCluster:
             return self._namespaces[name]
 
     def delete_namespace(self, name: str) -> dict:
-        """Delete a Namespace and every pod in it, pods first (what the namespace controller does
-        before the object goes; here at once, without the ``Terminating`` phase).
+        """Delete a Namespace and every pod and PodDisruptionBudget in it, pods first (what the
+        namespace controller does before the object goes; here at once, without the ``Terminating``
+        phase).
 
         Returns: the namespace's last state. Raises: NotFound.
         """
-        with self._lock:
+        with self._locked():
             if name not in self._namespaces:
                 raise NotFound(f'namespaces "{name}" not found')
             for key in sorted(k for k in self._pods if k.split("/", 1)[0] == name):
                 self._delete_pod(key)
+            for key in sorted(self._budgets_in.pop(name, ())):
+                old = self._pdbs.pop(key)
+                del self._budgets[key], self._pdb_members[key]
+                self._commit(DELETED, PDB, {**old, "metadata": {**old["metadata"]}})
             old = self._namespaces.pop(name)
             return self._commit(DELETED, NAMESPACE, {**old, "metadata": {**old["metadata"]}})
 
@@ -470,7 +606,7 @@ class SimCluster:
             Invalid: an object failed validation. AlreadyExists: a name is taken or repeated.
         """
         prepared = [self._prepare_node(o) for o in objs]
-        with self._lock:
+        with self._locked():
             seen: set[str] = set()
             for name, _, _ in prepared:
                 if name in self._nodes or name in seen:
@@ -494,7 +630,7 @@ class SimCluster:
             NotFound: no node of that name. Invalid: the object failed validation.
         """
         name, node, allocatable = self._prepare_node(obj)
-        with self._lock:
+        with self._locked():
             old = self._nodes.get(name)
             if old is None:
                 raise NotFound(f'nodes "{name}" not found')
@@ -510,7 +646,7 @@ class SimCluster:
 
         Returns: the node. Raises: NotFound.
         """
-        with self._lock:
+        with self._locked():
             old = self._nodes.get(name)
             if old is None:
                 raise NotFound(f'nodes "{name}" not found')
@@ -529,7 +665,7 @@ class SimCluster:
 
         Returns: the node's last state. Raises: NotFound.
         """
-        with self._lock:
+        with self._locked():
             old = self._nodes.pop(name, None)
             if old is None:
                 raise NotFound(f'nodes "{name}" not found')
@@ -570,7 +706,7 @@ class SimCluster:
 
         Cost: O(items x resources per pod), plus the configured latency once per call.
         """
-        with self._lock:
+        with self._locked():
             delay_s = self._draw_latency()
             results = [self._bind_one(*b) for b in bindings]
         if delay_s > 0:
@@ -599,7 +735,7 @@ class SimCluster:
         if condition.get("status") not in _CONDITION_STATUSES:
             raise Invalid(f"condition.status: {condition.get('status')!r} is not one of {', '.join(_CONDITION_STATUSES)}")
         key = f"{namespace}/{name}"
-        with self._lock:
+        with self._locked():
             pod = self._pods.get(key)
             if pod is None:
                 raise NotFound(f'pods "{name}" not found')
@@ -626,7 +762,7 @@ class SimCluster:
             NotFound: no such pod.
         """
         key = f"{namespace}/{name}"
-        with self._lock:
+        with self._locked():
             pod = self._pods.get(key)
             if pod is None:
                 raise NotFound(f'pods "{name}" not found')
@@ -660,7 +796,7 @@ class SimCluster:
             raise Invalid("involvedObject.name: Required value")
         namespace = obj_ref.get("namespace") or ""
         now = _now()
-        with self._lock:
+        with self._locked():
             events = self._events.setdefault((namespace, name), [])
             for i, ev in enumerate(events):
                 if (ev["type"], ev["reason"], ev["message"]) == (type, reason, message):
@@ -685,6 +821,85 @@ class SimCluster:
             return event
 
     # -------------------------------------------------------------------------------- internals
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, with the terminating pods whose grace period ended deleted first (what the
+        kubelet and the API server do between them), so every call sees the cluster as of now."""
+        with self._lock:
+            if self._terminating and self._terminating[0][0] <= self._clock():
+                self._finish_terminating()
+            yield
+
+    def _finish_terminating(self) -> None:
+        now = self._clock()
+        while self._terminating and self._terminating[0][0] <= now:
+            _, _, key, uid = heapq.heappop(self._terminating)
+            pod = self._pods.get(key)
+            if pod is not None and pod["metadata"]["uid"] == uid:  # not deleted meanwhile (sooner, or re-created)
+                self._delete_pod(key)
+
+    def _prepare_pdb(self, obj: Any) -> tuple[Budget, dict]:
+        """Copy, default and validate a PodDisruptionBudget outside the lock: (budget, object)."""
+        try:
+            pdb = _copy_tree(as_dict(obj))
+            meta = pdb.get("metadata")
+            if isinstance(meta, dict):
+                meta["namespace"] = meta.get("namespace") or "default"
+            budget = parse_budget(pdb)
+        except InvalidObjectError as e:
+            meta = obj.get("metadata") if isinstance(obj, abc.Mapping) else None
+            where = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if isinstance(meta, abc.Mapping) else ""
+            raise Invalid(f"PodDisruptionBudget {where}: {e}" if where else f"PodDisruptionBudget: {e}") from None
+        pdb["metadata"] = {k: v for k, v in pdb["metadata"].items()
+                           if k not in ("uid", "resourceVersion", "creationTimestamp", "generation")}
+        pdb["apiVersion"] = PDB_API_VERSION
+        pdb["kind"] = PDB
+        pdb.pop("status", None)
+        return budget, pdb
+
+    def _set_budget(self, budget: Budget) -> None:
+        """Record a budget's spec and the pods it selects now."""
+        namespace = budget.namespace
+        self._budgets[budget.key] = budget
+        self._budgets_in.setdefault(namespace, set()).add(budget.key)
+        self._pdb_members[budget.key] = {
+            key: healthy(pod) for key, pod in self._pods.items()
+            if pod["metadata"]["namespace"] == namespace and budget.selects(pod["metadata"].get("labels") or {})}
+
+    def _pdb_status(self, key: str, old: Mapping[str, Any]) -> dict:
+        """A budget's status from its pods (`budget_status`) with the controller's
+        ``DisruptionAllowed`` condition; ``old`` is the status it replaces."""
+        members = self._pdb_members[key]
+        counts = budget_status(self._budgets[key], len(members), sum(members.values()))
+        allowed = counts["disruptionsAllowed"] > 0
+        generation = self._pdbs[key]["metadata"]["generation"]
+        condition = {"type": DISRUPTION_ALLOWED, "status": "True" if allowed else "False",
+                     "reason": "SufficientPods" if allowed else "InsufficientPods", "message": "",
+                     "observedGeneration": generation}
+        conditions = _with_condition(old.get("conditions", []), condition, _now())
+        return {"observedGeneration": generation, "disruptedPods": old.get("disruptedPods") or {}, **counts,
+                "conditions": old.get("conditions", []) if conditions is None else conditions}
+
+    def _pod_changed_for_budgets(self, type_: str, pod: dict) -> None:
+        """After a pod's write: update the budgets of its namespace that select it (or did), and
+        write the status of each whose counts changed."""
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        labels = meta.get("labels") or {}
+        for bkey in sorted(self._budgets_in.get(meta["namespace"], ())):
+            members = self._pdb_members[bkey]
+            if type_ != DELETED and self._budgets[bkey].selects(labels):
+                now_healthy = healthy(pod)
+                if members.get(key) == now_healthy:
+                    continue
+                members[key] = now_healthy
+            elif members.pop(key, None) is None:
+                continue
+            old = self._pdbs[bkey]
+            status = self._pdb_status(bkey, old.get("status") or {})
+            if status != old.get("status"):
+                self._pdbs[bkey] = self._commit(MODIFIED, PDB, {**old, "metadata": {**old["metadata"]}, "status": status})
 
     def _prepare_pod(self, obj: Any) -> tuple[str, dict, dict[str, int]]:
         """Copy, default and validate a pod outside the lock: (key, pod, requests)."""
@@ -741,6 +956,8 @@ class SimCluster:
             drop = len(self._history) - self._history_limit
             self._compacted_rv = self._history[drop - 1].rv
             del self._history[:drop]
+        if kind == POD and self._budgets_in.get(obj["metadata"]["namespace"]):
+            self._pod_changed_for_budgets(type_, obj)
         return obj
 
     def _add_usage(self, node_name: str, requests: Mapping[str, int], sign: int = 1) -> None:

@@ -277,8 +277,8 @@ class SimApiServer:
         """Pull the sim's new events into the history with each object's previous state."""
         events, rv = self.sim.events_since(self._rv)
         for ev in events:
-            key = f"{ev.object['metadata']['namespace']}/{ev.object['metadata']['name']}" if ev.kind == POD else \
-                ev.object["metadata"]["name"]
+            meta = ev.object["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
             prev = self._objects.get((ev.kind, key))
             if ev.type == DELETED:
                 self._objects.pop((ev.kind, key), None)
