@@ -107,8 +107,11 @@ def test_example_profile_keeps_its_pods_off_spot_nodes_and_prefers_ssd(tmp_path)
     out = simulate(tmp_path, nodes + ours + [manifest("Pod", "default-pod")])
     assert [out[f"p{i}"]["node"] for i in range(4)] == ["ssd", "ssd", "plain", "plain"]
     assert out["p4"]["status"] == "Unschedulable"
+    # NodeLabel's rejection is UnschedulableAndUnresolvable: preemption does not look at that node
     assert out["p4"]["reason"] == ("0/3 nodes are available: 1 node(s) didn't have the requested labels, "
-                                   "2 Insufficient cpu.")
+                                   "2 Insufficient cpu. preemption: 0/3 nodes are available: "
+                                   "1 Preemption is not helpful for scheduling, "
+                                   "2 No preemption victims found for incoming pod..")
     assert out["default-pod"]["node"] == "spot"
 
 
