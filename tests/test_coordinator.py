@@ -4,6 +4,9 @@ events arrive together in one poll."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -12,8 +15,8 @@ import pytest
 
 from shardsched.config import load_config
 from shardsched.errors import TemporaryError
+from shardsched.sharding.calls import ClusterClient, Local, RemoteUnavailable, ShardClient
 from shardsched.sharding.coordinator import Coordinator
-from shardsched.sharding.remote import Remote, RemoteUnavailable
 from shardsched.sharding.shard import Shard, ShardOptions
 from shardsched.sim import SimCluster, uniform_nodes, uniform_pods
 
@@ -37,14 +40,14 @@ class World:
         self.cluster = cluster or SimCluster(seed=0)
         self.cluster.create_nodes(uniform_nodes(n_nodes, cpu="4"))
         self.shards: dict[int, Shard] = {}
-        self.coordinator = Coordinator(config, ledger, Remote(self.cluster), self._new_shard, shards)
+        self.coordinator = Coordinator(config, ledger, ClusterClient(Local(self.cluster)), self._new_shard, shards)
         self.ledger = ledger
         self.coordinator.start()
 
-    def _new_shard(self, index: int, member: str) -> Remote:
+    def _new_shard(self, index: int, member: str) -> ShardClient:
         shard = Shard(index, member, self.config, self.ledger, self.cluster, self.coordinator, ShardOptions(seed=0))
         self.shards[index] = shard
-        return Remote(shard)
+        return ShardClient(Local(shard))
 
     def create(self, n: int, prefix: str = "pod-") -> list[dict]:
         return self.cluster.create_pods(uniform_pods(n, cpu="1", scheduler_name="shardsched", prefix=prefix))
@@ -265,11 +268,11 @@ def test_the_relist_hook_runs_once_the_cluster_is_loaded_at_start_and_after_410(
     cluster.create_pods(uniform_pods(5, cpu="1", scheduler_name="shardsched"))
     shards: dict[int, Shard] = {}
 
-    def new_shard(index: int, member: str) -> Remote:
+    def new_shard(index: int, member: str) -> ShardClient:
         shards[index] = Shard(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))
-        return Remote(shards[index])
+        return ShardClient(Local(shards[index]))
 
-    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), new_shard, 2)
+    coordinator = Coordinator(CONFIG, ledger, ClusterClient(Local(cluster)), new_shard, 2)
     seen: list[int] = []
     coordinator.on_relist = lambda: seen.append(len(coordinator.state.pending))
     coordinator.start()
@@ -353,23 +356,23 @@ def test_start_returns_once_every_shard_answers_and_before_it_hands_them_work(le
             calls.append((self.index, "apply_nodes"))
             super().apply_nodes(upserts, removals)
 
-    def new_shard(index: int, member: str) -> Remote:
-        return Remote(Recording(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0)))
+    def new_shard(index: int, member: str) -> ShardClient:
+        return ShardClient(Local(Recording(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))))
 
-    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), new_shard, 2)
+    coordinator = Coordinator(CONFIG, ledger, ClusterClient(Local(cluster)), new_shard, 2)
     coordinator.start()
     assert calls[:2] == [(0, "ping"), (1, "ping")] and (0, "apply_nodes") in calls[2:]
 
-    def broken(index: int, member: str) -> Remote:
+    def broken(index: int, member: str) -> ShardClient:
         shard = Recording(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))
         if index == 1:
             def dead() -> str:
                 raise RemoteUnavailable("ping: the actor died")
             shard.ping = dead
-        return Remote(shard)
+        return ShardClient(Local(shard))
 
     calls.clear()
-    coordinator = Coordinator(CONFIG, ledger, Remote(cluster), broken, 2)
+    coordinator = Coordinator(CONFIG, ledger, ClusterClient(Local(cluster)), broken, 2)
     with pytest.raises(RemoteUnavailable):
         coordinator.start()
     assert (0, "apply_nodes") not in calls  # nothing handed out
@@ -612,3 +615,19 @@ def bound_per_node(world: World, prefix: str) -> Counter:
     """Bound pods named ``prefix*`` per node."""
     return Counter(p["spec"]["nodeName"] for p in world.cluster.list_pods()[0]
                    if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName"))
+
+
+def test_the_plain_coordinator_and_shard_import_without_ray():
+    """Only the actor layer imports ray: a process where ``import ray`` fails still imports the
+    coordinator, the shard and their typed clients (the product and these tests use them so)."""
+    code = ("import sys, importlib.abc\n"
+            "class NoRay(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] == 'ray':\n"
+            "            raise ImportError('no ray here')\n"
+            "sys.meta_path.insert(0, NoRay())\n"
+            "import shardsched.sharding.coordinator, shardsched.sharding.shard, shardsched.sharding.calls\n"
+            "print('ray' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

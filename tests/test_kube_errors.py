@@ -487,7 +487,7 @@ def test_scheduled_events_wait_for_the_binds_in_flight(server, cluster):
 @pytest.mark.parametrize("pods", [3, 40], ids=["small", "burst"])
 def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, spec, ledger, pods):
     """In Ray mode each shard binds from a process of its own, through a `KubeCluster` copy (and
-    gate) of its own that it reaches as a `RemoteBindTarget` (as `ShardHost` builds it), and the
+    gate) of its own that it reaches as a `ClusterBinds` (as `ShardHost` builds it), and the
     coordinator writes from a third. A shard marks its binds in flight in the ledger, and a bind
     call that fills its request slots (40 pods, 32 slots) as a burst; the Event writers of every
     copy yield to them: one write at a time while the shard binds a few pods, none at all while
@@ -495,7 +495,7 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
     then gone)."""
     from shardsched.api.objects import NodeInfo, PodInfo
     from shardsched.config import parse_config
-    from shardsched.sharding.remote import Remote, RemoteBindTarget
+    from shardsched.sharding.calls import ClusterBinds, ClusterClient, Local
     from shardsched.sharding.shard import Shard, ShardOptions, yield_writes_to_binds
     from shardsched.store import NodeEntry
 
@@ -519,7 +519,7 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
         infos = [NodeInfo.from_object(n) for n in nodes]
         ledger.upsert_nodes([NodeEntry(n.name, n.allocatable, member) for n in infos])
         ledger.set_owners({n.name: member for n in infos}, 1)
-        shard = Shard(0, member, config, ledger, RemoteBindTarget(Remote(binder)), Rebalancer(), ShardOptions(seed=0))
+        shard = Shard(0, member, config, ledger, ClusterBinds(ClusterClient(Local(binder))), Rebalancer(), ShardOptions(seed=0))
         shard.set_epoch(1)
         shard.apply_nodes(nodes)
         n = pods

@@ -1,6 +1,7 @@
 """KubeCluster: the cluster contract (`shardsched.cluster.ClusterBackend`) over a real API server.
 
-The coordinator consumes it through `Remote` exactly like the simulated cluster:
+The coordinator consumes it through `shardsched.sharding.calls.ClusterClient` exactly like the
+simulated cluster:
 
 - ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
   rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence

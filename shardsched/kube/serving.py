@@ -127,7 +127,7 @@ class KubeRuntime:
 
     def _start_threads(self) -> None:
         from shardsched.sharding.coordinator import Coordinator
-        from shardsched.sharding.remote import Remote
+        from shardsched.sharding.calls import ClusterClient, Local, ShardClient
         from shardsched.sharding.shard import Shard
         from shardsched.store.ledger import Ledger
         from shardsched.store.server import connect
@@ -140,17 +140,17 @@ class KubeRuntime:
                 self.cluster.open_connections(self.options.shards * self.options.shard_options.binding_cycles)
         ref = _CoordinatorRef()
 
-        def factory(index: int, member: str) -> Remote:
+        def factory(index: int, member: str) -> ShardClient:
             shard = Shard(index, member, self.config, Ledger(connect(self.redis_url), self.prefix), self.cluster, ref,
                           self.options.shard_options)
             t = threading.Thread(target=shard.run_forever, name=f"shard-{index}", daemon=True)
             t.start()
             self.shards.append(shard)
             self._threads.append(t)
-            return Remote(shard)
+            return ShardClient(Local(shard))
 
-        coordinator = Coordinator(self.config, Ledger(connect(self.redis_url), self.prefix), Remote(self.cluster),
-                                  factory, self.options.shards)
+        coordinator = Coordinator(self.config, Ledger(connect(self.redis_url), self.prefix),
+                                  ClusterClient(Local(self.cluster)), factory, self.options.shards)
         if self.options.autoscaler is not None:
             coordinator.enable_autoscaler(self.options.autoscaler)
         ref.coordinator = coordinator
@@ -174,16 +174,16 @@ class KubeRuntime:
             """The coordinator actor, plus the Kubernetes backend's health and metrics."""
 
             def cluster_health(self) -> dict:
-                return self.coordinator.state.cluster.target.health()
+                return self.coordinator.state.cluster.channel.target.health()
 
             def cluster_metrics(self) -> list:
-                return self.coordinator.state.cluster.target.metric_samples()
+                return self.coordinator.state.cluster.channel.target.metric_samples()
 
             def coordinator_metrics(self) -> list:
                 return self.coordinator.state.metrics.samples()
 
             def stop_cluster(self) -> None:
-                self.coordinator.state.cluster.target.stop()
+                self.coordinator.state.cluster.channel.target.stop()
 
         if not ray.is_initialized():
             # ray.init installs a SIGTERM handler that exits at once (status 15, no orderly stop);
@@ -276,7 +276,7 @@ class KubeRuntime:
             return {}
         if self.options.mode == THREADS:
             # the current shards, labelled by index as in Ray mode (removed shards stop reporting)
-            out = {str(ref.index): ref.remote.target.metric_samples() for ref in list(self.coordinator.state.shards)}
+            out = {str(ref.index): ref.client.channel.target.metric_samples() for ref in list(self.coordinator.state.shards)}
             kube = self.cluster.metric_samples() if isinstance(self.cluster, KubeCluster) else []
             out["coordinator"] = self.coordinator.state.metrics.samples() + kube
             return out

@@ -27,8 +27,9 @@ from shardsched import gctune
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.coordinator import Coordinator
+from shardsched.sharding.calls import ClusterBinds, ClusterClient, CoordinatorClient, ShardClient
 from shardsched.sharding.rayaccess import enable_token_auth
-from shardsched.sharding.remote import Remote, RemoteBindTarget, RemoteRebalancer
+from shardsched.sharding.remote import RayChannel, channel
 from shardsched.sharding.scaling import COORDINATOR_NAME, RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import Shard, ShardOptions
 from shardsched.store.ledger import Ledger
@@ -42,22 +43,24 @@ NAME_RELEASE_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
 
 
-class ShardHost:
-    """A Shard inside a Ray actor: builds its Redis connection in the actor and runs the loop in a
-    thread; the methods forward to the Shard."""
+class ShardHost(Shard):
+    """A Shard inside a Ray actor: it connects to Redis in the actor's process, runs its loop in a
+    thread, and calls the cluster and the coordinator through their clients. Its methods are the
+    Shard's (`shardsched.sharding.calls.ShardAPI`), plus what only the host knows: the backend copy
+    of this process (``capabilities.per_process``) and the process id."""
 
     def __init__(self, index: int, member: str, config: SchedulerConfiguration, redis_url: str, prefix: str,
                  cluster: Any, coordinator: Any, options: ShardOptions) -> None:
         gctune.tune()  # this actor's process (shardsched.gctune)
-        ledger = Ledger(connect(redis_url), prefix)
-        backend = Remote(cluster)
+        backend = ClusterClient(channel(cluster))
         # a backend copy living in this process (the Kubernetes backend binds from each shard:
         # `shardsched.cluster.PerProcessBackend`) has counters of its own (binds by code, Events
         # written): `metric_samples` adds them
-        self._own_backend = None if backend.is_actor or not cluster.capabilities.per_process else cluster
-        self.shard = Shard(index, member, config, ledger, RemoteBindTarget(backend),
-                           RemoteRebalancer(Remote(coordinator)), options)
-        self.thread = threading.Thread(target=self.shard.run_forever, name=f"shard-{index}", daemon=True)
+        self._own_backend = None if backend.channel.is_actor or not cluster.capabilities.per_process else cluster
+        self._backend_stopped = False
+        super().__init__(index, member, config, Ledger(connect(redis_url), prefix), ClusterBinds(backend),
+                         CoordinatorClient(RayChannel(coordinator)), options)
+        self.thread = threading.Thread(target=self.run_forever, name=f"shard-{index}", daemon=True)
         self.thread.start()
         # before this constructor returns, i.e. before the coordinator's start-up ping is answered:
         # the backend's connections for this shard's binding cycles (`KubeCluster.open_connections`)
@@ -65,44 +68,33 @@ class ShardHost:
             self._own_backend.open_connections(options.binding_cycles)
 
     def adopt(self, coordinator: Any) -> str:
-        """A new coordinator (actor handle) takes this shard over; see `Shard.adopt`."""
-        self.shard.adopt(RemoteRebalancer(Remote(coordinator)))
-        return self.shard.member
+        """A new coordinator (actor handle) takes this shard over (`Shard.adopt`); returns the member."""
+        super().adopt(CoordinatorClient(RayChannel(coordinator)))
+        return self.member
 
-    def set_epoch(self, epoch): self.shard.set_epoch(epoch)
-    def apply_namespaces(self, labels, removed=(), replace=False): self.shard.apply_namespaces(labels, removed, replace)
-    def apply_nodes(self, upserts, removals): self.shard.apply_nodes(upserts, removals)
-    def apply_bound(self, adds, removes): self.shard.apply_bound(adds, removes)
-    def add_pods(self, pods): self.shard.add_pods(pods)
-    def accept(self, qpis, unschedulable=False): self.shard.accept(qpis, unschedulable)
-    def remove_pods(self, keys): self.shard.remove_pods(keys)
-    def move_all_to_active_or_backoff_queue(self, event="NodeUpdate"):
-        self.shard.move_all_to_active_or_backoff_queue(event)
-    def snapshot(self): return self.shard.snapshot()
-    def pending_keys(self): return self.shard.pending_keys()
-    def take_stats(self): return self.shard.take_stats()
-    def metric_samples(self):
+    def metric_samples(self) -> list:
         own = self._own_backend.metric_samples() if self._own_backend is not None else []
-        return self.shard.metric_samples() + own
+        return super().metric_samples() + own
 
-    def ping(self): return self.shard.ping()
-    def pid(self): return os.getpid()
-    def stop(self):
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self) -> None:
         """Stop the loop; once its binding cycles are applied (up to 5 s), write what the shard's
-        own backend still queues (the Kubernetes backend's Scheduled Events, up to 5 s more)."""
-        self.shard.stop()
-        self.shard.wait_idle(5.0)
-        if self._own_backend is not None:
+        own backend still queues (the Kubernetes backend's Scheduled Events, up to 5 s more), once."""
+        super().stop()
+        self.wait_idle(5.0)
+        if self._own_backend is not None and not self._backend_stopped:
+            self._backend_stopped = True
             try:
                 self._own_backend.stop()
             except Exception as e:  # noqa: BLE001 - stopping: best effort
-                log.warning("shard %s: stopping its backend: %s", self.shard.member, e)
-    def drain_binds(self):
+                log.warning("shard %s: stopping its backend: %s", self.member, e)
+
+    def drain_binds(self) -> None:
         """Whole-scheduler stop: this shard's backend sends no more binds (`KubeCluster.drain_binds`)."""
         if self._own_backend is not None:
             self._own_backend.drain_binds()
-    def drain(self, fraction=1.0): return self.shard.drain(fraction)
-    def retire(self, timeout_s=30.0): return self.shard.retire(timeout_s)
 
 
 class CoordinatorHost:
@@ -129,15 +121,16 @@ class CoordinatorHost:
         self.prefix = prefix
         self.shard_handles: dict[str, Any] = {}
 
-        def factory(index: int, member: str) -> Remote:
+        def factory(index: int, member: str) -> ShardClient:
             handle = ray.remote(ShardHost).options(
                 name=f"{prefix}{member}", lifetime="detached" if adoptable else None,
                 max_concurrency=MAX_CONCURRENCY, num_cpus=shard_num_cpus, max_restarts=0,
             ).remote(index, member, config, shard_redis_url or redis_url, prefix, cluster, me, shard_options)
             self.shard_handles[member] = handle
-            return Remote(handle)
+            return ShardClient(RayChannel(handle))
 
-        self.coordinator = Coordinator(config, Ledger(connect(redis_url), prefix), Remote(cluster), factory, num_shards)
+        self.coordinator = Coordinator(config, Ledger(connect(redis_url), prefix), ClusterClient(channel(cluster)),
+                                       factory, num_shards)
         # the cluster just listed (start, and again after a 410 relist): out of later collections
         self.coordinator.on_relist = gctune.freeze_loaded
         if autoscaler is not None:
@@ -156,7 +149,7 @@ class CoordinatorHost:
                     log.warning("shard %s not adopted (%s); a new incarnation replaces it", member, type(e).__name__)
                     continue
                 self.shard_handles[member] = handle
-                found[index] = (member, Remote(handle))
+                found[index] = (member, ShardClient(RayChannel(handle)))
             self.coordinator.adopt(found)
         self.coordinator.start()
         self.thread = threading.Thread(target=self.coordinator.run_forever, name="coordinator", daemon=True)
@@ -184,7 +177,7 @@ class CoordinatorHost:
 
     def shards(self) -> list[Any]:
         """Handles of the current shard actors."""
-        return [s.remote.target for s in self.coordinator.state.shards]
+        return [s.client.channel.target for s in self.coordinator.state.shards]
 
     def stop(self) -> None:
         """Stop the coordinator, then every shard at once (each applies its binding cycles and
@@ -192,13 +185,13 @@ class CoordinatorHost:
         self.coordinator.stop()
         for s in self.coordinator.state.shards:  # binds not yet sent are not sent (pods back in the queue)
             try:
-                s.remote.target.drain_binds.remote()
+                s.client.channel.target.drain_binds.remote()
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
                 pass
         refs = []
         for s in self.coordinator.state.shards:
             try:
-                refs.append(s.remote.target.stop.remote())
+                refs.append(s.client.channel.target.stop.remote())
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
                 pass
         for ref in refs:

@@ -19,7 +19,7 @@ def mark_gated(state: CoordinatorState, pod: PodInfo, obj: Mapping[str, Any]) ->
     PodScheduled condition yet (an API server before kube 1.26, a simulated cluster)."""
     conditions = (obj.get("status") or {}).get("conditions") or []
     if not any(c.get("type") == "PodScheduled" for c in conditions):
-        state.cluster.call("set_pod_condition", pod.namespace, pod.name, dict(SCHEDULING_GATED_CONDITION))
+        state.cluster.set_pod_condition(pod.namespace, pod.name, dict(SCHEDULING_GATED_CONDITION))
 
 
 def record_unschedulable(state: CoordinatorState, t: Tracked, message: str) -> None:
@@ -29,14 +29,14 @@ def record_unschedulable(state: CoordinatorState, t: Tracked, message: str) -> N
     t.message = message
     ref = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
     condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
-    state.cluster.call("record_event", ref, "Warning", "FailedScheduling", message)
-    state.cluster.call("set_pod_condition", pod.namespace, pod.name, condition)
+    state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
+    state.cluster.set_pod_condition(pod.namespace, pod.name, condition)
     state.counters["unschedulable_attempts"] += 1
     if t.rounds >= state.config.max_scheduling_attempts and not t.gave_up:
         t.gave_up = True
         state.metrics.unschedulable_alerts.inc()
         state.counters["gave_up"] += 1
-        state.cluster.call("record_event", ref, "Warning", "FailedScheduling",
+        state.cluster.record_event(ref, "Warning", "FailedScheduling",
                            f"still unschedulable after {t.rounds} scheduling attempts (the pod is kept and "
                            f"retried on cluster events or after {state.config.pod_max_in_unschedulable_s:.0f} s): "
                            f"{message}")
@@ -49,7 +49,7 @@ def fail_pod(state: CoordinatorState, obj: dict, message: str) -> None:
     meta = obj.get("metadata") or {}
     ref = {"kind": "Pod", "namespace": meta.get("namespace") or "default", "name": meta.get("name"),
            "uid": meta.get("uid")}
-    state.cluster.call("record_event", ref, "Warning", "FailedScheduling", message)
-    state.cluster.call("set_pod_condition", ref["namespace"], ref["name"],
+    state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
+    state.cluster.set_pod_condition(ref["namespace"], ref["name"],
                        {"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": message})
     state.counters["invalid"] += 1

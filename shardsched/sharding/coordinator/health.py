@@ -10,7 +10,7 @@ from typing import Callable
 
 from shardsched.sharding.coordinator.router import slim
 from shardsched.sharding.coordinator.state import CoordinatorState, ShardRef
-from shardsched.sharding.remote import Remote, RemoteDead, RemoteUnavailable
+from shardsched.sharding.calls import RemoteDead, RemoteUnavailable, ShardClient
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +19,12 @@ class Health:
     """Pings the shards (`check`) and replaces the ones that failed (`replace_shard`).
 
     Args:
-        shard_factory: (index, member) -> `Remote` of a new shard.
+        shard_factory: (index, member) -> `ShardClient` of a new shard.
         period_s: seconds between two checks (the coordinator's loop reads it).
         failures: consecutive failed pings that replace a shard.
     """
 
-    def __init__(self, state: CoordinatorState, shard_factory: Callable[[int, str], Remote], period_s: float,
+    def __init__(self, state: CoordinatorState, shard_factory: Callable[[int, str], ShardClient], period_s: float,
                  failures: int) -> None:
         self.state = state
         self.shard_factory = shard_factory
@@ -39,7 +39,7 @@ class Health:
         state = self.state
         for s in list(state.shards):
             try:
-                s.remote.ask("ping", timeout_s=2.0)
+                s.client.ping().wait(2.0)
                 s.failures = 0
             except RemoteUnavailable as e:
                 s.failures = self.failures if isinstance(e, RemoteDead) else s.failures + 1
@@ -56,23 +56,23 @@ class Health:
         state = self.state
         old = state.shards[index]
         member = f"shard-{index}@{old.incarnation + 1}"
-        remote = self.shard_factory(index, member)
-        ref = ShardRef(index, member, remote, old.incarnation + 1)
+        client = self.shard_factory(index, member)
+        ref = ShardRef(index, member, client, old.incarnation + 1)
         state.shards[index] = ref
         mine = [n for n, o in state.owners.items() if o == index]
         state.next_epoch()
         state.ledger.set_owners({n: member for n in mine}, state.epoch)
         for s in state.shards:
-            s.remote.call("set_epoch", state.epoch)
+            s.client.set_epoch(state.epoch)
         table = state.table
         nodes = [table.nodes[table.index[n]].obj for n in mine if n in table.index]
-        remote.call("apply_namespaces", table.namespace_labels, [], True)
-        remote.call("apply_nodes", nodes, [])
+        client.apply_namespaces(table.namespace_labels, [], True)
+        client.apply_nodes(nodes, [])
         bound = [(u, n) for n in mine if n in table.index for u in state.bound_usages(table.index[n])]
-        remote.call("apply_bound", bound, [])
+        client.apply_bound(bound, [])
         pods = [slim(t.pod) for t in state.pending.values() if t.shard == index]
         if pods:
-            remote.call("add_pods", pods)
+            client.add_pods(pods)
         self.replaced += 1
         log.warning("shard %d replaced by %s (epoch %d): %d nodes, %d pending pods", index, member, state.epoch,
                     len(mine), len(pods))

@@ -26,7 +26,7 @@ from shardsched.sharding.coordinator.ledger_sync import LedgerSync
 from shardsched.sharding.coordinator.nominator import unnominate
 from shardsched.sharding.coordinator.partition import assign_new, repartition
 from shardsched.sharding.coordinator.state import CoordinatorState
-from shardsched.sharding.remote import RemoteUnavailable
+from shardsched.sharding.calls import RemoteUnavailable
 from shardsched.store.ledger import BoundPod, NodeEntry
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,8 @@ class Intake:
     def relist(self) -> Changes:
         """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
         state = self.state
-        nodes, _ = state.cluster.ask("list_nodes")
-        pods, rv = state.cluster.ask("list_pods")
+        nodes, _ = state.cluster.list_nodes().wait()
+        pods, rv = state.cluster.list_pods().wait()
         state.reset_table()
         state.nominated.clear()
         state.bound_on.clear()
@@ -93,15 +93,15 @@ class Intake:
             except InvalidObjectError as e:
                 log.error("node %s ignored: %s", (obj.get("metadata") or {}).get("name"), e)
         state.table.add_nodes(infos)
-        namespaces, _ = state.cluster.ask("list_namespaces")
+        namespaces, _ = state.cluster.list_namespaces().wait()
         state.table.set_namespaces(namespace_labels(namespaces), replace=True)
         self.ledger_sync.instance = state.ledger.instance_id()  # the Redis the map is written to
         gone = repartition(state, infos)
         for s in state.shards:
             mine = [n.obj for n in infos if state.owners.get(n.name) == s.index]
-            s.remote.call("set_epoch", state.epoch)
-            s.remote.call("apply_namespaces", state.table.namespace_labels, [], True)
-            s.remote.call("apply_nodes", mine, gone.get(s.index, []))
+            s.client.set_epoch(state.epoch)
+            s.client.apply_namespaces(state.table.namespace_labels, [], True)
+            s.client.apply_nodes(mine, gone.get(s.index, []))
         new = self._apply_pods([("ADDED", obj) for obj in pods])
         state.rv = rv
         return Changes(events=len(pods), relisted=True, new_pods=new)
@@ -113,7 +113,7 @@ class Intake:
 
         state = self.state
         try:
-            events, rv = state.cluster.ask("events_since", state.rv, None, WATCH_BATCH)
+            events, rv = state.cluster.events_since(state.rv, None, WATCH_BATCH).wait()
         except Gone:
             log.warning("watch history compacted; relisting")
             return self.relist()
@@ -148,7 +148,7 @@ class Intake:
         if not state.table.set_namespaces(upserts, removed):
             return
         for s in state.shards:
-            s.remote.call("apply_namespaces", upserts, removed, False)
+            s.client.apply_namespaces(upserts, removed, False)
 
     def _apply_nodes(self, events: list[tuple[str, dict]]) -> None:
         state = self.state
@@ -192,16 +192,16 @@ class Intake:
         self.ledger_sync.flush()
         state.refresh_owner_slots()
         for index in set(upserts) | set(removals):
-            state.shards[index].remote.call("apply_nodes", upserts.get(index, []), removals.get(index, []))
+            state.shards[index].client.apply_nodes(upserts.get(index, []), removals.get(index, []))
         # A node deleted and created again under the same name while pods were still bound to it:
         # the table counted them again (orphans); its owner shard must count them too.
         for info in new_infos:
             slot = state.table.index.get(info.name)
             back = [(usage, info.name) for usage in state.bound_usages(slot)] if slot is not None else []
             if back:
-                state.shards[state.owners[info.name]].remote.call("apply_bound", back, [])
+                state.shards[state.owners[info.name]].client.apply_bound(back, [])
         for s in state.shards:
-            s.remote.call("move_all_to_active_or_backoff_queue", "NodeUpdate")
+            s.client.move_all_to_active_or_backoff_queue("NodeUpdate")
 
     def _apply_pods(self, events: list[tuple[str, dict]]) -> list[PodInfo]:
         """Apply pod events; returns the pending pods first seen, to be routed."""
@@ -290,12 +290,12 @@ class Intake:
         self.ledger_sync.owe_pods(observe, forget)
         self.ledger_sync.flush()
         for index, items in adds.items():
-            state.shards[index].remote.call("apply_bound", items, [])
+            state.shards[index].client.apply_bound(items, [])
         for index, uids in removes.items():
-            state.shards[index].remote.call("apply_bound", [], uids)
+            state.shards[index].client.apply_bound([], uids)
         for index, keys in unqueue.items():
             if 0 <= index < len(state.shards):  # not a removed shard's (LIMBO)
-                state.shards[index].remote.call("remove_pods", keys)
+                state.shards[index].client.remove_pods(keys)
         state.metrics.pending_pods.labels(GATED).set(len(state.gated))
         return list(new.values())
 

@@ -123,7 +123,7 @@ class LedgerSync:
         state.next_epoch()
         state.ledger.set_owners({n: state.shards[o].member for n, o in state.owners.items()}, state.epoch)
         for s in state.shards:
-            s.remote.call("set_epoch", state.epoch)
+            s.client.set_epoch(state.epoch)
         self.rebuilds += 1
         log.warning("Redis restarted: ledger rebuilt from the cluster (%d nodes, %d drifted), epoch %d",
                     len(state.table.index), drift, state.epoch)

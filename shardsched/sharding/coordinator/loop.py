@@ -29,7 +29,7 @@ from shardsched.sharding.coordinator.rebalancer import Rebalancer
 from shardsched.sharding.coordinator.scaling import Scaler
 from shardsched.sharding.coordinator.state import CoordinatorState, ShardRef
 from shardsched.sharding.protocols import Handoff
-from shardsched.sharding.remote import Remote
+from shardsched.sharding.calls import ClusterClient, ShardClient
 from shardsched.sharding.scaling import AutoscalerOptions, ScaleStep
 from shardsched.sharding.shard import yield_writes_to_binds
 from shardsched.store.ledger import Ledger
@@ -43,9 +43,9 @@ class Coordinator:
     Args:
         config: scheduler configuration (profiles decide which pods are ours).
         ledger: the Redis ledger.
-        cluster: `Remote` of the cluster (list_nodes, list_pods, events_since, record_event,
-            set_pod_condition).
-        shard_factory: (index, member) -> `Remote` of a new shard (a Ray actor in the product).
+        cluster: the cluster's client (list_nodes, list_pods, list_namespaces, events_since,
+            record_event, set_pod_condition).
+        shard_factory: (index, member) -> `ShardClient` of a new shard (a Ray actor in the product).
         num_shards: initial number of shards.
         health_period_s: seconds between two health checks of the shards.
         health_failures: consecutive failed health checks that replace a shard.
@@ -59,13 +59,13 @@ class Coordinator:
             (`shardsched.gctune`).
     """
 
-    def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: Remote,
-                 shard_factory: Callable[[int, str], Remote], num_shards: int,
+    def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: ClusterClient,
+                 shard_factory: Callable[[int, str], ShardClient], num_shards: int,
                  health_period_s: float = 1.0, health_failures: int = 3, poll_s: float = 0.01) -> None:
         self.num_shards = num_shards
         # its FailedScheduling Events and conditions yield to the shards' binds too
-        if not cluster.is_actor:
-            yield_writes_to_binds(cluster.target, ledger)
+        if not cluster.channel.is_actor:
+            yield_writes_to_binds(cluster.channel.target, ledger)
         self.shard_factory = shard_factory
         self.poll_s = poll_s
         self.state = CoordinatorState(config, ledger, cluster)
@@ -80,8 +80,8 @@ class Coordinator:
         self._health_thread: threading.Thread | None = None  # `run_forever` checks health there
 
     # ------------------------------------------------------------------ start
-    def adopt(self, shards: Mapping[int, tuple[str, Remote]]) -> None:
-        """Take over the running shards of a previous coordinator (index -> (member, `Remote`));
+    def adopt(self, shards: Mapping[int, tuple[str, ShardClient]]) -> None:
+        """Take over the running shards of a previous coordinator (index -> (member, `ShardClient`));
         call before `start`, which creates the missing ones and lists the cluster again (epoch
         bumped, every pending pod routed again). Each shard must already hand its pods to this
         coordinator (`Shard.adopt`). A missing index gets a new incarnation, numbered after every
@@ -97,8 +97,8 @@ class Coordinator:
         state.shards = []
         for i in range(self.num_shards):
             if i in shards:
-                member, remote = shards[i]
-                state.shards.append(ShardRef(i, member, remote, int(member.rsplit("@", 1)[1])))
+                member, client = shards[i]
+                state.shards.append(ShardRef(i, member, client, int(member.rsplit("@", 1)[1])))
                 continue
             seen = [int(m.rsplit("@", 1)[1]) for m in known if m.startswith(f"shard-{i}@")]
             incarnation = max(seen, default=0) + 1
@@ -120,7 +120,7 @@ class Coordinator:
             member = f"shard-{i}@1"
             state.shards.append(ShardRef(i, member, self.shard_factory(i, member)))
         for ref in state.shards:
-            ref.remote.ask("ping", timeout_s=self.scaler.shard_start_timeout_s)
+            ref.client.ping().wait(self.scaler.shard_start_timeout_s)
         state.routed = np.zeros(len(state.shards), np.int64)
         self.relist()
 
@@ -244,9 +244,6 @@ class Coordinator:
             return [t.pod.key for t in self.state.pending.values()]
 
     def kill_shard(self, index: int) -> None:
-        """For chaos tests and demos: kill the shard's actor process (SIGKILL through Ray)."""
-        import ray
-
-        target = self.state.shards[index].remote
-        if target.is_actor:
-            ray.kill(target.target, no_restart=True)
+        """For chaos tests and demos: kill the shard's actor process (SIGKILL through Ray); a shard
+        in this process is left alone."""
+        self.state.shards[index].client.channel.terminate()

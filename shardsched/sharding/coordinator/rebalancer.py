@@ -94,11 +94,11 @@ class Rebalancer:
                     continue
                 self._give_up_round(t, h.qpi, result, static, shard, park)
         for index, qpis in retry.items():
-            state.shards[index].remote.call("accept", qpis, False)
+            state.shards[index].client.accept(qpis, False)
         for index, pods in forward.items():
-            state.shards[index].remote.call("add_pods", pods)
+            state.shards[index].client.add_pods(pods)
         for index, qpis in park.items():
-            state.shards[index].remote.call("accept", qpis, True)
+            state.shards[index].client.accept(qpis, True)
         return True
 
     def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult, static: np.ndarray,

@@ -164,7 +164,7 @@ def route(state: CoordinatorState, pods: list[PodInfo]) -> None:
         state.routed[target] += 1
         by_shard[target].append(sent)
     for index, items in by_shard.items():
-        state.shards[index].remote.call("add_pods", items)
+        state.shards[index].client.add_pods(items)
     state.counters["routed"] += len(pods)
 
 
@@ -204,6 +204,6 @@ def reroute(state: CoordinatorState, items: list[tuple[Tracked, QueuedPodInfo | 
         t.shard = target
         state.routed[target] += 1
     for index, pods in forward.items():
-        state.shards[index].remote.call("add_pods", pods)
+        state.shards[index].client.add_pods(pods)
     for index, qpis in park.items():
-        state.shards[index].remote.call("accept", qpis, True)
+        state.shards[index].client.accept(qpis, True)

@@ -20,7 +20,7 @@ from shardsched.sharding.coordinator.router import reroute
 from shardsched.sharding.coordinator.state import LIMBO, CoordinatorState, ShardRef
 from shardsched.sharding.hashing import moved_fraction
 from shardsched.sharding.protocols import FENCED, Handoff
-from shardsched.sharding.remote import Remote, RemoteUnavailable
+from shardsched.sharding.calls import RemoteUnavailable, Reply, ShardClient
 from shardsched.sharding.scaling import Autoscaler, AutoscalerOptions, Load, ScaleStep, ideal_moved_fraction
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class Scaler:
             again.
     """
 
-    def __init__(self, state: CoordinatorState, shard_factory: Callable[[int, str], Remote],
+    def __init__(self, state: CoordinatorState, shard_factory: Callable[[int, str], ShardClient],
                  rebalancer: Rebalancer) -> None:
         self.state = state
         self.shard_factory = shard_factory
@@ -111,18 +111,18 @@ class Scaler:
             added.append(ShardRef(i, member, self.shard_factory(i, member), incarnation))
         try:
             for ref in added:
-                ref.remote.ask("ping", timeout_s=self.shard_start_timeout_s)
+                ref.client.ping().wait(self.shard_start_timeout_s)
             t1 = time.monotonic()
             with state.lock:
                 step, removed = self._handover(n, added, trigger, started_unix)
         except Exception:
             for ref in added:
-                ref.remote.terminate()
+                ref.client.channel.terminate()
             raise
         # Outside the state lock (the watch and the rebalancer go on): removed shards end their
         # batch in flight, all at once, then their actors are stopped.
         for ref in removed:
-            ref.remote.call("stop")
+            ref.client.stop()
         for ref in removed:
             self._retire(ref)
         step.start_s = t1 - t0
@@ -164,24 +164,24 @@ class Scaler:
         state.routed = np.concatenate([state.routed[:n], np.zeros(n - min(n, len(state.routed)), np.int64)])
         state.refresh_owner_slots()
         for s in state.shards:
-            self._tell(s, "set_epoch", epoch)
+            self._tell(s, ShardClient.set_epoch, epoch)
         for s in added:
-            self._tell(s, "apply_namespaces", state.table.namespace_labels, [], True)
+            self._tell(s, ShardClient.apply_namespaces, state.table.namespace_labels, [], True)
         for index, names in gained.items():
             slots = [state.table.index[name] for name in names if name in state.table.index]
-            self._tell(state.shards[index], "apply_nodes", [state.table.nodes[slot].obj for slot in slots], [])
+            self._tell(state.shards[index], ShardClient.apply_nodes, [state.table.nodes[slot].obj for slot in slots], [])
             bound = [(usage, state.table.names[slot]) for slot in slots for usage in state.bound_usages(slot)]
             if bound:
-                self._tell(state.shards[index], "apply_bound", bound, [])
+                self._tell(state.shards[index], ShardClient.apply_bound, bound, [])
         for index, names in lost.items():
-            self._tell(state.shards[index], "apply_nodes", [], names)
+            self._tell(state.shards[index], ShardClient.apply_nodes, [], names)
 
         # Queued pods: all of a removed shard's; the added shards' share of a kept one's (its tail).
         share = 1.0 - before / n if n > before else 0.0
         items = []
         for ref in removed + (kept if share else []):
             try:
-                qpis = ref.remote.ask("drain", 1.0 if ref.index >= n else share, timeout_s=30.0)
+                qpis = ref.client.drain(1.0 if ref.index >= n else share).wait(30.0)
             except RemoteUnavailable as e:
                 log.warning("shard %s did not hand back its queue (%s)", ref.member, e)
                 continue
@@ -203,28 +203,28 @@ class Scaler:
                          removed_share=removed_share, pods_rerouted=len(items), pods_in_flight=in_flight)
         return step, removed
 
-    def _tell(self, ref: ShardRef, method: str, *args: Any) -> None:
+    def _tell(self, ref: ShardRef, method: Callable[..., Reply[None]], *args: Any) -> None:
         """Call a shard and wait, so that it has its nodes before pods are routed to it; a shard that
         does not answer is left to the health check (a new incarnation gets everything it owns)."""
         try:
-            ref.remote.ask(method, *args, timeout_s=10.0)
+            method(ref.client, *args).wait(10.0)
         except RemoteUnavailable as e:
-            log.warning("shard %s: %s during a scale step failed: %s", ref.member, method, e)
+            log.warning("shard %s: %s during a scale step failed: %s", ref.member, method.__name__, e)
 
     def _retire(self, ref: ShardRef) -> None:
         """Stop a removed shard (fenced off, its queue drained): wait for its batch in flight to end,
         hand what that batch put back in its queue to the rebalancer, keep its counters, stop its
         actor."""
         try:
-            leftovers = ref.remote.ask("retire", self.retire_timeout_s, timeout_s=self.retire_timeout_s + 10.0)
+            leftovers = ref.client.retire(self.retire_timeout_s).wait(self.retire_timeout_s + 10.0)
             if leftovers:
                 self.rebalancer.handoff(ref.index, [Handoff(q, FENCED, f"shard {ref.member} was removed")
                                                     for q in leftovers])
-            self.retired_stats.append(ref.remote.ask("take_stats", timeout_s=10.0))
+            self.retired_stats.append(ref.client.take_stats().wait(10.0))
         except RemoteUnavailable as e:
             log.warning("shard %s did not retire cleanly (%s); its pods are routed again in %.0f s", ref.member, e,
                         self.handover_grace_s)
-        ref.remote.terminate()
+        ref.client.channel.terminate()
         self.last_incarnation[ref.index] = ref.incarnation
 
     def sweep_limbo(self) -> None:
@@ -268,7 +268,7 @@ class Scaler:
             snapshots = []
             for s in list(state.shards):
                 try:
-                    snapshots.append(s.remote.ask("snapshot", timeout_s=2.0))
+                    snapshots.append(s.client.snapshot().wait(2.0))
                 except RemoteUnavailable:
                     continue
             target = self.autoscaler.decide(Load.of(len(state.shards), snapshots))

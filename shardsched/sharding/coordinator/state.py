@@ -13,9 +13,8 @@ from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.metrics import ShardMetrics
-from shardsched.scheduler.algorithm import GenericScheduler
-from shardsched.scheduler.algorithm import build_schedulers
-from shardsched.sharding.remote import Remote
+from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
+from shardsched.sharding.calls import ClusterClient, ShardClient
 from shardsched.store.ledger import Ledger
 
 #: `Tracked.shard` of a pod whose shard was removed while the pod was in its last batch (see `Scaler`)
@@ -25,11 +24,11 @@ LIMBO = -1
 @dataclass
 class ShardRef:
     """One shard as the coordinator knows it: its index in the map, its member id
-    (``shard-<index>@<incarnation>``, the ledger's owner name) and how to call it."""
+    (``shard-<index>@<incarnation>``, the ledger's owner name) and its client."""
 
     index: int
     member: str
-    remote: Remote
+    client: ShardClient
     incarnation: int = 1
     failures: int = 0
     alive: bool = True
@@ -67,7 +66,7 @@ class CoordinatorState:
         invalid: pod key -> why it cannot be scheduled (bad spec).
     """
 
-    def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: Remote) -> None:
+    def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: ClusterClient) -> None:
         self.config = config
         self.ledger = ledger
         self.cluster = cluster

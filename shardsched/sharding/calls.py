@@ -1,0 +1,224 @@
+"""Typed calls between the scheduler's processes: the same coordinator and shard code runs over
+plain objects in one process (the tests, ``serve --mode threads``) and over Ray actors.
+
+A client (`ShardClient`, `CoordinatorClient`, `ClusterClient`) has one method per method of the
+component's API (`ShardAPI`, `CoordinatorAPI`, `shardsched.cluster.ClusterBackend`), each sent
+through a `Channel` and answered by a `Reply`: drop the reply to fire and forget, or ``wait`` for
+it. The channel decides where the call goes: `Local` (a plain object in this process: the call
+runs at once, and so do its errors) or the Ray channel of the actor layer
+(`shardsched.sharding.remote.RayChannel`). A method is named by its function in the API Protocol
+(``ShardAPI.add_pods``), never by a string, so a renamed method is a name error, not a call that
+fails at run time in another process. Only the actor layer imports ``ray``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar
+
+from shardsched.api.objects import PodInfo
+from shardsched.cache.node_table import PodUsage
+from shardsched.cluster import Binding, BindResult, ClusterBackend, WatchEvent
+from shardsched.errors import TemporaryError
+from shardsched.queue import QueuedPodInfo
+from shardsched.sharding.protocols import Handoff
+
+T = TypeVar("T")
+
+
+class RemoteUnavailable(TemporaryError):
+    """The component did not answer (its actor died, or it timed out)."""
+
+
+class RemoteDead(RemoteUnavailable):
+    """The component's actor is dead (its process exited or was killed): it will never answer."""
+
+
+class Reply(Protocol[T]):
+    """The answer to one call, which may not have arrived yet."""
+
+    def wait(self, timeout_s: float | None = 30.0) -> T:
+        """The call's result, waiting up to ``timeout_s`` (None: no limit).
+
+        Raises: `RemoteUnavailable` (`RemoteDead` when the actor died) when it does not come; the
+        component's own `shardsched.errors.ShardschedError` when it raised one."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[T]):
+    """A reply already there (a call in this process)."""
+
+    value: T
+
+    def wait(self, timeout_s: float | None = 30.0) -> T:
+        return self.value
+
+
+class Channel(Protocol):
+    """Where a client's calls go.
+
+    Attributes:
+        target: the plain object, or the Ray actor handle.
+        is_actor: whether ``target`` is a Ray actor.
+    """
+
+    target: Any
+    is_actor: bool
+
+    def send(self, method: Callable[..., T], *args: Any) -> Reply[T]:
+        """Call ``method`` (a function of the target's API Protocol) on the target with ``args``."""
+        ...
+
+    def terminate(self) -> None:
+        """End the target's process (an actor; safe when dead); a plain object is left to the
+        garbage collector."""
+        ...
+
+
+class Local:
+    """`Channel` to a plain object in this process: a call runs at once, its errors raise at once."""
+
+    is_actor = False
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def send(self, method: Callable[..., T], *args: Any) -> Reply[T]:
+        return Done(getattr(self.target, method.__name__)(*args))
+
+    def terminate(self) -> None:
+        pass
+
+
+class ShardAPI(Protocol):
+    """What a shard offers the coordinator (`shardsched.sharding.shard.Shard`)."""
+
+    def ping(self) -> str: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def apply_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str] = (),
+                         replace: bool = False) -> None: ...
+    def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None: ...
+    def apply_bound(self, adds: Iterable[tuple[PodUsage, str]] = (), removes: Iterable[str] = ()) -> None: ...
+    def add_pods(self, pods: Sequence[PodInfo]) -> None: ...
+    def accept(self, qpis: Sequence[QueuedPodInfo], unschedulable: bool = False) -> None: ...
+    def remove_pods(self, keys: Iterable[str]) -> None: ...
+    def move_all_to_active_or_backoff_queue(self, event: str = "NodeUpdate") -> None: ...
+    def snapshot(self) -> dict[str, Any]: ...
+    def drain(self, fraction: float = 1.0) -> list[QueuedPodInfo]: ...
+    def retire(self, timeout_s: float = 30.0) -> list[QueuedPodInfo]: ...
+    def take_stats(self) -> Any: ...
+    def stop(self) -> None: ...
+
+
+class ShardClient:
+    """`ShardAPI` of one shard over a `Channel`; see the methods of `Shard` for what each does."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def ping(self) -> Reply[str]:
+        return self.channel.send(ShardAPI.ping)
+
+    def set_epoch(self, epoch: int) -> Reply[None]:
+        return self.channel.send(ShardAPI.set_epoch, epoch)
+
+    def apply_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str],
+                         replace: bool) -> Reply[None]:
+        return self.channel.send(ShardAPI.apply_namespaces, labels, removed, replace)
+
+    def apply_nodes(self, upserts: Iterable[dict], removals: Iterable[str]) -> Reply[None]:
+        return self.channel.send(ShardAPI.apply_nodes, upserts, removals)
+
+    def apply_bound(self, adds: Iterable[tuple[PodUsage, str]], removes: Iterable[str]) -> Reply[None]:
+        return self.channel.send(ShardAPI.apply_bound, adds, removes)
+
+    def add_pods(self, pods: Sequence[PodInfo]) -> Reply[None]:
+        return self.channel.send(ShardAPI.add_pods, pods)
+
+    def accept(self, qpis: Sequence[QueuedPodInfo], unschedulable: bool) -> Reply[None]:
+        return self.channel.send(ShardAPI.accept, qpis, unschedulable)
+
+    def remove_pods(self, keys: Iterable[str]) -> Reply[None]:
+        return self.channel.send(ShardAPI.remove_pods, keys)
+
+    def move_all_to_active_or_backoff_queue(self, event: str) -> Reply[None]:
+        return self.channel.send(ShardAPI.move_all_to_active_or_backoff_queue, event)
+
+    def snapshot(self) -> Reply[dict[str, Any]]:
+        return self.channel.send(ShardAPI.snapshot)
+
+    def drain(self, fraction: float) -> Reply[list[QueuedPodInfo]]:
+        return self.channel.send(ShardAPI.drain, fraction)
+
+    def retire(self, timeout_s: float) -> Reply[list[QueuedPodInfo]]:
+        return self.channel.send(ShardAPI.retire, timeout_s)
+
+    def take_stats(self) -> Reply[Any]:
+        return self.channel.send(ShardAPI.take_stats)
+
+    def stop(self) -> Reply[None]:
+        return self.channel.send(ShardAPI.stop)
+
+
+class CoordinatorAPI(Protocol):
+    """What the coordinator offers the shards (`shardsched.sharding.coordinator.Coordinator`)."""
+
+    def handoff(self, shard: int, items: list[Handoff]) -> None: ...
+
+
+class CoordinatorClient:
+    """`CoordinatorAPI` over a `Channel`; also a shard's `shardsched.sharding.protocols.Rebalancer`
+    (its hand-offs are fire and forget)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def handoff(self, shard: int, items: list[Handoff]) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.handoff, shard, items)
+
+
+class ClusterClient:
+    """`ClusterBackend` over a `Channel`: the calls the coordinator and the shards make."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def list_nodes(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_nodes)
+
+    def list_pods(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_pods)
+
+    def list_namespaces(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_namespaces)
+
+    def events_since(self, rv: int | str, kinds: Iterable[str] | None,
+                     limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:
+        return self.channel.send(ClusterBackend.events_since, rv, kinds, limit)
+
+    def bind_many(self, bindings: Sequence[Binding | tuple]) -> Reply[list[BindResult]]:
+        return self.channel.send(ClusterBackend.bind_many, bindings)
+
+    def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Reply[Any]:
+        return self.channel.send(ClusterBackend.set_pod_condition, namespace, name, condition)
+
+    def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str,  # noqa: A002
+                     message: str) -> Reply[Any]:
+        return self.channel.send(ClusterBackend.record_event, obj_ref, type, reason, message)
+
+
+class ClusterBinds:
+    """A shard's `shardsched.sharding.protocols.BindTarget` over a `ClusterClient`: a Ray actor
+    (the simulated cluster), or a backend object living in this process (a shard actor's copy of
+    the Kubernetes backend)."""
+
+    def __init__(self, cluster: ClusterClient, timeout_s: float = 30.0) -> None:
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        # a local backend's binds-first gate (`shardsched.kube.gate.BindsFirst`), so that the
+        # shard marks its binds for the writers of the other processes; an actor's stays its own
+        self.gate = None if cluster.channel.is_actor else cluster.channel.target.gate
+
+    def bind_many(self, bindings: Sequence[Binding | tuple]) -> list[BindResult]:
+        return self.cluster.bind_many(bindings).wait(self.timeout_s)
