@@ -37,7 +37,7 @@ from shardsched.store.server import EmbeddedRedis, RedisServerError
 log = logging.getLogger(__name__)
 
 CREATE_CHUNK = 2000
-#: progress sampling period once the run is past its first seconds (shorter before: `_follow`)
+#: progress following period once the run is past its first seconds (shorter before: `_follow`)
 FOLLOW_PERIOD_S = 0.25
 #: the plot's sampling period: the simulated cluster is read this often (`EmbeddedRun._sample`)
 SAMPLE_PERIOD_S = 0.25
@@ -792,8 +792,9 @@ class EmbeddedRun:
                 log.exception("scale step failed")
 
     def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
-        """Sample progress until the run settles or times out; the period grows from 20 ms to
-        `FOLLOW_PERIOD_S` over the first seconds, so that a run of a second still gets a curve."""
+        """Follow progress (the coordinator's status, ``on_progress``) until the run settles or
+        times out; the period grows from 20 ms to `FOLLOW_PERIOD_S` over the first seconds, so that
+        a short run is seen settled promptly. The plot's samples are `_sample`'s."""
         total = report.pods_total
         last_bound = -1
         done_at = None
