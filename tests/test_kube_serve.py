@@ -139,6 +139,10 @@ def test_serve_binds_and_serves_health_and_metrics(api_server, kubeconfig, redis
     code, metrics = http_get(s.port, "/metrics")
     assert code == 200 and "shardsched_kube_binds_total" in metrics and 'code="201"' in metrics
     assert s.stop() == 0
+    # where it serves is progress, not a warning: INFO, shown without -v
+    out = s.output()
+    assert f"INFO shardsched.serve: serving /metrics, /healthz, /readyz on 127.0.0.1:{s.port}\n" in out, out[-3000:]
+    assert "WARNING shardsched.serve: serving" not in out
 
 
 def test_sigterm_while_binds_wait_on_the_rate_limit_exits_promptly(api_server, kubeconfig, redis_server, processes):
