@@ -45,7 +45,7 @@ from shardsched.sim import SCHEDULER_NAME
 
 if TYPE_CHECKING:
     from chaos.runner import ChaosRun
-    from shardsched.sharding.runtime import RunReport
+    from shardsched.sharding.run_report import RunReport
 
 WINDOW_S = 1.0
 STAY_S = 2.0

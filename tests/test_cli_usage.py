@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from shardsched.cli import PIPE_WIDTH
 from shardsched.cli.main import cli
 from shardsched.cli.run import _print_summary
-from shardsched.sharding.runtime import RunReport
+from shardsched.sharding.run_report import RunReport
 
 CLI = [sys.executable, "-m", "shardsched.cli.main"]
 

@@ -18,7 +18,8 @@ import psutil
 from shardsched.cli.run import EXIT_DIED, exit_status
 from shardsched.config import load_config
 from shardsched.sharding.sim_actor import sim_cluster_actor
-from shardsched.sharding.runtime import EmbeddedRun, RunOptions
+from shardsched.sharding.embedded import EmbeddedRun
+from shardsched.sharding.run_control import RunOptions
 from shardsched.sim import uniform_nodes, uniform_pods
 
 CLI = [sys.executable, "-m", "shardsched.cli.main"]

@@ -31,7 +31,9 @@ from shardsched.cli.run import _plot, _print_summary, _trace_replay
 from shardsched.config import load_config
 from shardsched.sharding.actors import coordinator_actor
 from shardsched.sharding.sim_actor import sim_cluster_actor
-from shardsched.sharding.runtime import EmbeddedRun, RunOptions, RunReport
+from shardsched.sharding.embedded import EmbeddedRun
+from shardsched.sharding.run_control import RunOptions
+from shardsched.sharding.run_report import RunReport
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim import FaultConfig, trace, uniform_nodes, uniform_pods
 

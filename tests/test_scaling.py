@@ -21,7 +21,9 @@ import pytest
 
 from shardsched.sharding.coordinator import LIMBO
 from shardsched.sharding.hashing import assign, moved_fraction
-from shardsched.sharding.runtime import EmbeddedRun, RunOptions, scale_phases
+from shardsched.sharding.embedded import EmbeddedRun
+from shardsched.sharding.run_control import RunOptions
+from shardsched.sharding.run_report import scale_phases
 from shardsched.sharding.scaling import Autoscaler, AutoscalerOptions, Load, ideal_moved_fraction
 from shardsched.sim import uniform_nodes, uniform_pods
 from shardsched.store import ReserveCode, ReserveItem

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import psutil
 
-if TYPE_CHECKING:  # the runtime imports ray: not loaded by the kube-like baseline's process
-    from shardsched.sharding.runtime import EmbeddedRun, RunOptions, RunReport
+if TYPE_CHECKING:  # the embedded run imports ray: not loaded by the kube-like baseline's process
+    from shardsched.sharding.embedded import EmbeddedRun
+    from shardsched.sharding.run_control import RunOptions
+    from shardsched.sharding.run_report import RunReport
 
 
 @dataclass
@@ -145,7 +147,7 @@ class RaySession:
 
     def options(self, **kw: Any) -> "RunOptions":
         """`RunOptions` joining this Ray."""
-        from shardsched.sharding.runtime import RunOptions
+        from shardsched.sharding.run_control import RunOptions
 
         return RunOptions(ray_address=self.address, **kw)
 
@@ -155,7 +157,7 @@ def run_embedded(config: Any, nodes: list[dict], workload: list[tuple[float, flo
                  ) -> "RunReport":
     """Run `EmbeddedRun` once; ``on_progress(run, bound, total, status)`` is called about four times a
     second from the run's follow loop (the run's ``cluster`` actor is usable from there: churn)."""
-    from shardsched.sharding.runtime import EmbeddedRun
+    from shardsched.sharding.embedded import EmbeddedRun
 
     holder: list[EmbeddedRun] = []
 

@@ -150,7 +150,8 @@ def run(**kw) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted during start-up (SIGINT); nothing was scheduled", err=True)
         sys.exit(EXIT_SIGNAL_BASE + signal.SIGINT)
-    from shardsched.sharding.runtime import EmbeddedRun, RunError
+    from shardsched.sharding.embedded import EmbeddedRun
+    from shardsched.sharding.run_control import RunError
 
     show_progress = kw["output"] == "table" and sys.stderr.isatty()
     try:
@@ -186,7 +187,7 @@ def _prepare(kw: dict):
     that need no Ray (Redis and Ray addresses answer). Exits with status 1 after one ``error:`` line
     when something is wrong."""
     from shardsched.config import load_config
-    from shardsched.sharding.runtime import RunOptions
+    from shardsched.sharding.run_control import RunOptions
     from shardsched.sharding.shard import ShardOptions
     from shardsched.sim.cluster import FaultConfig
 
@@ -440,7 +441,7 @@ def _plot(report, path: str) -> None:
     """Write the run's plot (`plots.run_timeline`) and say where; a run of fewer than 2 samples
     gets a warning instead. Raises OSError when the file cannot be written."""
     from shardsched.bench.plots import run_timeline
-    from shardsched.sharding.runtime import SAMPLE_PERIOD_S
+    from shardsched.sharding.embedded import SAMPLE_PERIOD_S
 
     if len(report.samples) < 2:
         click.echo(f"warning: --plot {path}: not written: the run took {len(report.samples)} sample(s) of the "
