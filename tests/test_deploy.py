@@ -987,7 +987,7 @@ def test_cluster_role_against_system_kube_scheduler() -> None:
     kube = permissions(SYSTEM_KUBE_SCHEDULER)
     assert ours - kube == {("coordination.k8s.io", "leases", "get", "shardsched"),
                            ("coordination.k8s.io", "leases", "update", "shardsched")}
-    # what we leave out (docs/operations.md lists why): preemption's pod deletes, legacy bindings,
+    # what we leave out (docs/operations.md lists why): get on pods, legacy bindings,
     # Events update, the volume, spreading and authn/authz reads
     dropped = {(g, r) for g, r, _, _ in kube - ours}
     assert ("", "pods") in dropped and ("", "bindings") in dropped and ("storage.k8s.io", "csinodes") in dropped

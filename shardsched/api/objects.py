@@ -28,6 +28,15 @@ PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, PREEMPT_NEVER)
 DEFAULT_GRACE_PERIOD_S = 30
 #: the condition a preemption adds to its victims (kube's DisruptionTarget, reason PreemptionByScheduler)
 DISRUPTION_TARGET, PREEMPTION_BY_SCHEDULER = "DisruptionTarget", "PreemptionByScheduler"
+
+
+def disruption_target_condition(scheduler_name: str) -> dict[str, str]:
+    """The condition a preemption adds to a victim before deleting it, as upstream's
+    ``PrepareCandidate``: ``DisruptionTarget=True``, reason ``PreemptionByScheduler``, message
+    ``"<the preemptor's schedulerName>: preempting to accommodate a higher priority pod"``."""
+    return {"type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
+            "message": f"{scheduler_name}: preempting to accommodate a higher priority pod"}
+
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 #: The taint the node lifecycle controller puts on cordoned nodes; tolerating it lets a pod pass

@@ -5,10 +5,12 @@ backend (`shardsched.kube`) import it and never each other."""
 
 from shardsched.cluster.backend import Capabilities, ClusterBackend, PerProcessBackend, WriteGate
 from shardsched.cluster.binding import BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, Binding, BindResult
+from shardsched.cluster.disruption import apply_pdb_events
 from shardsched.cluster.errors import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Forbidden,
     Gone,
     Invalid,
     NotFound,
@@ -37,6 +39,7 @@ __all__ = [
     "Capabilities",
     "ClusterBackend",
     "Conflict",
+    "Forbidden",
     "Gone",
     "Invalid",
     "NotFound",
@@ -45,5 +48,6 @@ __all__ = [
     "Timeout",
     "WatchEvent",
     "WriteGate",
+    "apply_pdb_events",
     "read_event_log",
 ]

@@ -78,6 +78,11 @@ class ClusterBackend(Protocol):
         """Every Namespace object, and the resourceVersion."""
         ...
 
+    def list_pdbs(self) -> tuple[list[dict], int]:
+        """Every PodDisruptionBudget (``policy/v1``) with the status its disruption controller
+        wrote, and the resourceVersion; a backend whose ``capabilities.kinds`` has `PDB`."""
+        ...
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at
@@ -94,10 +99,33 @@ class ClusterBackend(Protocol):
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    grace_period_s: int | None = None) -> Any:
-        """Delete a pod (a preemption's eviction). ``uid``, when set, is a precondition (the pod
-        must still be that one); ``grace_period_s`` None means the pod's own.
+        """Delete a pod (a preemption's eviction), synchronously. ``uid``, when set, is a
+        precondition (the pod must still be that one); ``grace_period_s`` None means the pod's own
+        ``terminationGracePeriodSeconds``. A bound pod with a grace period is terminating
+        (``metadata.deletionTimestamp``, a MODIFIED event) until it goes (DELETED).
 
-        Raises: `NotFound`, `Conflict` (the uid differs), `TemporaryError` (retry).
+        Raises: `NotFound` (already gone: nothing to do), `Conflict` (the uid differs: the pod was
+        re-created, leave it), `Forbidden` (RBAC), `TemporaryError` (retry).
+        """
+        ...
+
+    def set_disruption_target(self, namespace: str, name: str, scheduler_name: str) -> bool:
+        """Add the ``DisruptionTarget`` condition a preemption writes on a victim before deleting
+        it (`shardsched.api.objects.disruption_target_condition` with the preemptor's
+        ``scheduler_name``) through ``pods/status``, synchronously, as upstream's
+        ``PrepareCandidate``.
+
+        Returns: True when written, False when the pod already had it.
+        Raises: `NotFound`, `Forbidden`, `TemporaryError`.
+        """
+        ...
+
+    def set_nominated_node_name(self, namespace: str, name: str, node_name: str) -> bool:
+        """Set a preemptor's ``status.nominatedNodeName`` (``""`` clears it) through ``pods/status``,
+        synchronously, as upstream's ``updatePod`` and ``ClearNominatedNodeName`` patch it.
+
+        Returns: True when changed, False when the pod already had that value.
+        Raises: `NotFound`, `Forbidden`, `TemporaryError`.
         """
         ...
 

@@ -38,6 +38,14 @@ class Conflict(ApiError, PermanentError):
     reason = "Conflict"
 
 
+class Forbidden(ApiError, PermanentError):
+    """403: RBAC denies the request (the message names the verb and the resource); retrying cannot
+    succeed until the role grants it."""
+
+    code = 403
+    reason = "Forbidden"
+
+
 class AlreadyExists(ApiError, PermanentError):
     """409: create of an object whose name is taken."""
 

@@ -14,8 +14,8 @@ Errors are decided by type (Kopf's rule), never by parsing messages:
 HTTP / transport         error raised
 ======================  ===========================================================================
 401                      `Unauthorized` (PermanentError): credentials rejected
-403                      `Forbidden` (PermanentError): RBAC denied; the message names verb and resource
-404 / 409 / 410 / 422    ``cluster.errors`` `NotFound` / `Conflict` / `Gone` / `Invalid`, the same types
+403 / 404 / 409 / 410    ``cluster.errors`` `Forbidden` (RBAC denied; the message names verb and
+/ 422                    resource) / `NotFound` / `Conflict` / `Gone` / `Invalid`, the same types
                          the simulated cluster raises, so callers handle both backends alike
 429, 500-503             `ServerError` (TemporaryError, ``delay_s`` from Retry-After when given)
 504, read timeout        `Timeout` (TemporaryError): the request may or may not have been applied
@@ -43,7 +43,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from shardsched.errors import PermanentError, TemporaryError
-from shardsched.cluster import ApiError, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+from shardsched.cluster import ApiError, Conflict, Forbidden, Gone, Invalid, NotFound, ServerError, Timeout
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,6 @@ class Unauthorized(ApiError, PermanentError):
 
     code = 401
     reason = "Unauthorized"
-
-
-class Forbidden(ApiError, PermanentError):
-    """403: RBAC denies the request. The message names the verb and the resource."""
-
-    code = 403
-    reason = "Forbidden"
 
 
 class Unreachable(TemporaryError):

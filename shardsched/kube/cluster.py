@@ -4,15 +4,17 @@ The coordinator consumes it through `shardsched.sharding.calls.ClusterClient` ex
 simulated cluster:
 
 - ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
-  rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
+  rv)``, ``list_pdbs() -> (pdbs, rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
   number; ``events_since(rv, kinds, limit)``: the changes after it, raising
   `shardsched.cluster.Gone` when the log no longer reaches back. The informers
   (`shardsched.kube.informer` over the watches of `shardsched.kube.watches`) list then watch nodes,
-  namespaces, the pods bound to any node, and our pending pods (server-side field selectors), with
+  namespaces, PodDisruptionBudgets, the pods bound to any node, and our pending pods (server-side field selectors), with
   bookmarks, relisting on 410 and reconnecting with backoff; they start on the first list and that
   first list waits for the caches to sync.
 - ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
-  queued and written in the background (`shardsched.kube.writers`).
+  queued and written in the background (`shardsched.kube.writers`); a preemption's writes
+  (``delete_pod``, ``set_disruption_target``, ``set_nominated_node_name``) are synchronous requests
+  whose typed errors (`Forbidden`, `NotFound`, `Conflict`) the caller acts on.
 
 Shards bind through ``bind_many`` (the `BindTarget` protocol): the ``pods/binding`` subresource,
 concurrently on the asyncio connection of `shardsched.kube.aio` (at most ``bind_workers`` requests
@@ -39,15 +41,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from kubernetes import client as k8s
 
+from shardsched.api.objects import disruption_target_condition
 from shardsched.errors import PermanentError
 from shardsched.kube.aio import AioApi
-from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
+from shardsched.kube.client import STRATEGIC_MERGE_PATCH, Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector
 from shardsched.kube.watches import Store, watch_specs
 from shardsched.kube.gate import BindsFirst
-from shardsched.kube.writers import EventRecorder, StatusWriter
-from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, BindResult, Capabilities,
-                                Timeout, WatchEvent)
+from shardsched.kube.writers import EventRecorder, StatusWriter, condition_patch
+from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NAMESPACE, NODE, NOT_APPLIED, NOT_FOUND, PDB, POD,
+                                BindResult, Capabilities, Timeout, WatchEvent)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,8 @@ log = logging.getLogger(__name__)
 #: these (core/v1 Events only matter on servers without events.k8s.io/v1)
 PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
                ("list", "", "namespaces"), ("watch", "", "namespaces"),
-               ("create", "", "pods/binding"), ("patch", "", "pods/status"),
+               ("list", "policy", "poddisruptionbudgets"), ("watch", "policy", "poddisruptionbudgets"),
+               ("create", "", "pods/binding"), ("patch", "", "pods/status"), ("delete", "", "pods"),
                ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
                ("create", "", "events"), ("patch", "", "events")]
 #: and with --leader-elect, in the Lease's namespace
@@ -86,7 +90,7 @@ class KubeCluster:
 
     #: a copy per process (`shardsched.cluster.PerProcessBackend`); Events and conditions yield
     #: to the binds (``gate``)
-    capabilities = Capabilities(per_process=True)
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB}), per_process=True)
 
     def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
                  bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
@@ -221,6 +225,11 @@ class KubeCluster:
         self.start()
         return self.store.list_namespaces()
 
+    def list_pdbs(self) -> tuple[list[dict], int]:
+        """Every PodDisruptionBudget (``policy/v1``), and the sequence number. Raises: see `start`."""
+        self.start()
+        return self.store.list_pdbs()
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv`` (`Store.since`). Raises: `Gone` (list again), `Invalid`."""
@@ -251,8 +260,8 @@ class KubeCluster:
             uid: ``preconditions.uid``: the pod must still be that one.
             grace_period_s: ``gracePeriodSeconds``; None for the pod's own.
 
-        Raises: `NotFound`, `Conflict` (the uid precondition failed), `PermanentError` (RBAC:
-        ``delete pods`` is not in deploy/rbac's ClusterRole yet), `TemporaryError`.
+        Raises: `NotFound` (already gone), `Conflict` (the uid precondition failed: the pod was
+        re-created), `Forbidden` (RBAC), `TemporaryError`.
         """
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid is not None:
@@ -261,6 +270,31 @@ class KubeCluster:
             body["gracePeriodSeconds"] = grace_period_s
         return self._connection().request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", verb="delete",
                                           resource="pods", body=body)
+
+    def set_disruption_target(self, namespace: str, name: str, scheduler_name: str) -> bool:
+        """Patch the ``DisruptionTarget`` condition onto a victim through ``pods/status``, synchronously
+        (`ClusterBackend.set_disruption_target`); not sent when the watched pod already has it.
+        Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
+        body = condition_patch(self.store.pod(namespace, name), disruption_target_condition(scheduler_name))
+        if body is None:
+            return False
+        self._patch_status(namespace, name, body)
+        return True
+
+    def set_nominated_node_name(self, namespace: str, name: str, node_name: str) -> bool:
+        """Set (or with ``""`` clear: ``null`` in the strategic merge patch) ``status.nominatedNodeName``
+        through ``pods/status``, synchronously; not sent when the watched pod already has that value.
+        Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
+        pod = self.store.pod(namespace, name)
+        if pod is not None and ((pod.get("status") or {}).get("nominatedNodeName") or "") == node_name:
+            return False
+        self._patch_status(namespace, name, {"status": {"nominatedNodeName": node_name or None}})
+        return True
+
+    def _patch_status(self, namespace: str, name: str, body: dict) -> Any:
+        return self._connection().request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                                          verb="patch", resource="pods/status", body=body,
+                                          content_type=STRATEGIC_MERGE_PATCH)
 
     # ------------------------------------------------------------------ binding
     def bind_many(self, bindings: Sequence[tuple]) -> list[BindResult]:

@@ -177,7 +177,7 @@ class Reflector:
         self.stats.garbage += garbage
         for obj in items:
             obj.setdefault("kind", self.spec.kind)
-            obj.setdefault("apiVersion", "v1")
+            obj.setdefault("apiVersion", self.spec.api_version)
         self.store.replace(self.spec.name, items)
         self.consistent_list = False
         self.stats.lists += 1
@@ -232,7 +232,7 @@ class Reflector:
                                 "a known type" if type_ not in CHANGES else "metadata.resourceVersion", line)
                     continue
                 obj.setdefault("kind", self.spec.kind)
-                obj.setdefault("apiVersion", "v1")
+                obj.setdefault("apiVersion", self.spec.api_version)
                 self.store.apply(self.spec.name, type_, obj)
                 applied += 1
                 self.stats.events += 1

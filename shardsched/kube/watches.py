@@ -35,9 +35,9 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, WatchEvent, read_event_log
+from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, WatchEvent, read_event_log
 
-NODES, BOUND, OURS, NAMESPACES = "nodes", "bound", "ours", "namespaces"
+NODES, BOUND, OURS, NAMESPACES, PDBS = "nodes", "bound", "ours", "namespaces", "pdbs"
 BOUND_WATCH = "pods-bound"
 #: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
 CHANGES = (ADDED, MODIFIED, DELETED)
@@ -46,8 +46,8 @@ CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND, OURS or NAMESPACES) and an optional server-side
-    ``label_selector``."""
+    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES or PDBS), an optional server-side
+    ``label_selector``, and the ``api_version`` of its objects (a list's items carry none)."""
 
     name: str
     kind: str
@@ -55,6 +55,7 @@ class WatchSpec:
     field_selector: str
     role: str
     label_selector: str = ""
+    api_version: str = "v1"
 
     @property
     def resource(self) -> str:
@@ -65,13 +66,15 @@ class WatchSpec:
 
 def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
     """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
-    for pod affinity's ``namespaceSelector``), each name's pods, and the other pods bound to nodes
-    (see module docstring)."""
+    for pod affinity's ``namespaceSelector``), PodDisruptionBudgets (``policy/v1``, which
+    preemption reads), each name's pods, and the other pods bound to nodes (see module
+    docstring)."""
     names = sorted(set(scheduler_names))
     live = "status.phase!=Succeeded,status.phase!=Failed"
     others = "".join(f",spec.schedulerName!={name}" for name in names)
     specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
              WatchSpec(NAMESPACES, NAMESPACE, "/api/v1/namespaces", "", NAMESPACES),
+             WatchSpec(PDBS, PDB, "/apis/policy/v1/poddisruptionbudgets", "", PDBS, api_version="policy/v1"),
              WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
     for name in names:
         specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
@@ -82,8 +85,9 @@ def _key(obj: dict, kind: str) -> str | None:
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         return None
-    if kind != POD:
-        return meta.get("name") or None
+    if kind != POD:  # a namespaced kind by namespace/name
+        name = meta.get("name")
+        return (f"{meta['namespace']}/{name}" if meta.get("namespace") else name) if name else None
     return meta.get("uid") or (f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("name") else None)
 
 
@@ -190,6 +194,11 @@ class Store:
         """All Namespace objects and the sequence number ([] without a namespace watch)."""
         with self._lock:
             return list(self._members.get(NAMESPACES, {}).values()), self._seq
+
+    def list_pdbs(self) -> tuple[list[dict], int]:
+        """All PodDisruptionBudget objects and the sequence number ([] without a PDB watch)."""
+        with self._lock:
+            return list(self._members.get(PDBS, {}).values()), self._seq
 
     def pod(self, namespace: str, name: str) -> dict | None:
         """The latest state of a pod we watch, or None."""

@@ -297,6 +297,22 @@ class EventRecorder:
             q.stop()
 
 
+def condition_patch(pod: Mapping[str, Any] | None, condition: Mapping[str, Any]) -> dict | None:
+    """The ``pods/status`` strategic merge patch that sets ``condition`` (conditions merge by
+    ``type``), as ``util.PatchPodStatus`` after ``podutil.UpdatePodCondition``: ``lastTransitionTime``
+    kept unless the status changes. None when ``pod`` (as last seen; None: not known) already has it."""
+    condition = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
+    old = None
+    if pod is not None:
+        old = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                    if isinstance(c, dict) and c.get("type") == condition["type"]), None)
+    if old is not None and all(old.get(k) == v for k, v in condition.items()):
+        return None
+    keep = old is not None and old.get("status") == condition.get("status") and old.get("lastTransitionTime")
+    condition["lastTransitionTime"] = old["lastTransitionTime"] if keep else rfc3339()
+    return {"status": {"conditions": [condition]}}
+
+
 def _scheduled_since(pod: Mapping[str, Any], condition: Mapping[str, Any]) -> bool:
     """A ``PodScheduled=False`` about a pod that now has ``spec.nodeName``: it was placed after the
     failure was judged (the API server set ``PodScheduled=True`` on the bind)."""
@@ -327,22 +343,15 @@ class StatusWriter:
 
     def _write(self, item: tuple) -> None:
         namespace, name, condition = item
-        condition = {k: v for k, v in condition.items() if k != "lastTransitionTime"}
         pod = self.current(namespace, name)
         if pod is not None and _scheduled_since(pod, condition):
             self.stale += 1
             log.debug("pod %s/%s is bound; its queued %s=False is not written", namespace, name, condition["type"])
             return
-        old = None
-        if pod is not None:
-            old = next((c for c in (pod.get("status") or {}).get("conditions") or []
-                        if isinstance(c, dict) and c.get("type") == condition["type"]), None)
-        if old is not None and all(old.get(k) == v for k, v in condition.items()):
+        body = condition_patch(pod, condition)
+        if body is None:
             self.skipped += 1
             return
-        keep = old is not None and old.get("status") == condition.get("status") and old.get("lastTransitionTime")
-        condition["lastTransitionTime"] = old["lastTransitionTime"] if keep else rfc3339()
-        body: dict[str, Any] = {"status": {"conditions": [condition]}}
         rv = ((pod or {}).get("metadata") or {}).get("resourceVersion")
         if rv:
             body["metadata"] = {"resourceVersion": rv}  # precondition: the pod as we judged it

@@ -62,7 +62,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from shardsched.api.objects import (DEFAULT_GRACE_PERIOD_S, TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo,
-                                    as_dict)
+                                    as_dict, disruption_target_condition)
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
@@ -748,6 +748,33 @@ class SimCluster:
                 return False
             new = {**pod, "metadata": {**pod["metadata"]}, "status": {**status, "conditions": conditions}}
             self._pods[key] = self._commit(MODIFIED, POD, new)
+            return True
+
+    def set_disruption_target(self, namespace: str, name: str, scheduler_name: str) -> bool:
+        """Add the ``DisruptionTarget`` condition of a preemption's victim
+        (`shardsched.api.objects.disruption_target_condition`); see `set_pod_condition`.
+
+        Returns: True if the pod changed. Raises: NotFound.
+        """
+        return self.set_pod_condition(namespace, name, disruption_target_condition(scheduler_name))
+
+    def set_nominated_node_name(self, namespace: str, name: str, node_name: str) -> bool:
+        """Set ``status.nominatedNodeName`` (``""`` removes it), as a ``pods/status`` patch.
+
+        Returns: True if the pod changed (a MODIFIED event). Raises: NotFound.
+        """
+        key = f"{namespace}/{name}"
+        with self._locked():
+            pod = self._pods.get(key)
+            if pod is None:
+                raise NotFound(f'pods "{name}" not found')
+            status = pod.get("status", {})
+            if (status.get("nominatedNodeName") or "") == node_name:
+                return False
+            status = {k: v for k, v in status.items() if k != "nominatedNodeName"}
+            if node_name:
+                status["nominatedNodeName"] = node_name
+            self._pods[key] = self._commit(MODIFIED, POD, {**pod, "metadata": {**pod["metadata"]}, "status": status})
             return True
 
     def remove_scheduling_gates(self, namespace: str, name: str, gates: Iterable[str] | None = None) -> dict:

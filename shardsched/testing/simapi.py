@@ -20,12 +20,17 @@ Served (JSON only):
   code 410); get, create and delete of pods;
 - ``POST .../pods/{name}/binding`` and ``POST .../bindings``: 201 with a ``Status`` body (as the real
   server, which the official client cannot deserialize), 404, 409;
-- ``PATCH .../pods/{name}/status`` (strategic merge of ``status.conditions`` by type);
+- ``PATCH .../pods/{name}/status`` (strategic merge of ``status.conditions`` by type, and
+  ``status.nominatedNodeName``, ``null`` removing it); ``DELETE`` of a pod with ``DeleteOptions``
+  (``preconditions.uid``: 409 when it differs; ``gracePeriodSeconds``), graceful as the simulated
+  cluster deletes;
 - ``PATCH /api/v1/nodes/{name}[/status]`` (``spec.taints`` replaced, ``status.conditions`` merged
   by type: what a kubelet-less node registration writes);
 - Events: create, merge-patch and delete-collection (``fieldSelector`` on the reporting controller,
   ``reason``, ``type``) in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
   and recorded in the simulated cluster too);
+- PodDisruptionBudgets (``policy/v1``): list and watch (all namespaces or one), create, get,
+  replace and delete, their status computed by the simulated cluster;
 - Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
   ``metadata.resourceVersion``);
 - ``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``;
@@ -54,7 +59,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, POD, AlreadyExists, ApiError, Conflict, NotFound
+from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, AlreadyExists, ApiError, Conflict,
+                                NotFound)
 from shardsched.sim.cluster import SimCluster
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
@@ -62,6 +68,7 @@ _NAMESPACE = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
 _BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
 _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
+_PDBS = re.compile(r"^/apis/policy/v1/(?:namespaces/(?P<ns>[^/]+)/)?poddisruptionbudgets(?:/(?P<name>[^/]+))?$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
@@ -182,11 +189,13 @@ class SimApiServer:
         self._objects: dict[tuple[str, str], dict] = {}
         self._history: list[tuple[int, str, str, dict, dict | None]] = []  # (rv, type, kind, obj, prev)
         nodes, _ = self.sim.list_nodes()
+        pdbs, _ = self.sim.list_pdbs()
         pods, self._rv = self.sim.list_pods()
         for n in nodes:
             self._objects[(NODE, n["metadata"]["name"])] = n
-        for p in pods:
-            self._objects[(POD, f"{p['metadata']['namespace']}/{p['metadata']['name']}")] = p
+        for kind, objs in ((POD, pods), (PDB, pdbs)):
+            for o in objs:
+                self._objects[(kind, f"{o['metadata']['namespace']}/{o['metadata']['name']}")] = o
         self._compacted = self._rv
         self._watches: set[socket.socket] = set()
         self.metrics = CollectorRegistry()
@@ -348,7 +357,7 @@ class SimApiServer:
         """RBAC's view of a request: (verb, resource[/subresource])."""
         resource, named = path, False
         for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
-                         (_LEASES, "leases"), (_NAMESPACE, "namespaces")):
+                         (_LEASES, "leases"), (_NAMESPACE, "namespaces"), (_PDBS, "poddisruptionbudgets")):
             m = rx.match(path)
             if m:
                 sub = m.groupdict().get("sub")
@@ -417,6 +426,9 @@ class SimApiServer:
         m = _LEASES.match(path)
         if m:
             return self._leases(h, m["ns"], m["name"])
+        m = _PDBS.match(path)
+        if m:
+            return self._pdbs(h, m["ns"], m["name"], q)
         raise NotFound("the server could not find the requested resource")
 
     # ------------------------------------------------------------------ resources
@@ -432,14 +444,32 @@ class SimApiServer:
         if sub == "status" and h.command == "PATCH":
             body = h.body() or {}
             rv = (body.get("metadata") or {}).get("resourceVersion")  # a precondition, as the API server reads it
-            for cond in (body.get("status") or {}).get("conditions") or []:
+            status = body.get("status") or {}
+            for cond in status.get("conditions") or []:
                 self.sim.set_pod_condition(ns, name, cond, resource_version=rv)
+            if "nominatedNodeName" in status:  # null removes it
+                self.sim.set_nominated_node_name(ns, name, status["nominatedNodeName"] or "")
             return h.reply(200, self.sim.get_pod(ns, name))
         if h.command == "DELETE":
             body = h.body() or {}
             uid = (body.get("preconditions") or {}).get("uid")
             return h.reply(200, self.sim.delete_pod(ns, name, uid, body.get("gracePeriodSeconds")))
         return h.reply(200, self.sim.get_pod(ns, name))
+
+    def _pdbs(self, h: _Handler, ns: str | None, name: str | None, q: dict) -> None:
+        if name is None:
+            if h.command == "POST" and ns:
+                body = h.body() or {}
+                body.setdefault("metadata", {})["namespace"] = ns
+                return h.reply(201, self.sim.create_pdb(body))
+            return self._list_or_watch(h, PDB, q, ns)
+        if h.command == "PUT":
+            body = h.body() or {}
+            body.setdefault("metadata", {}).update(namespace=ns, name=name)
+            return h.reply(200, self.sim.update_pdb(body))
+        if h.command == "DELETE":
+            return h.reply(200, self.sim.delete_pdb(ns, name))
+        return h.reply(200, self.sim.get_pdb(ns, name))
 
     def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:
         """The two node patches `shardsched.bench.serve_cluster.register_node` makes: ``status.conditions``
@@ -486,7 +516,8 @@ class SimApiServer:
         meta: dict = {"resourceVersion": str(rv)}
         if limit and start + limit < len(items):
             meta["continue"] = str(start + limit)
-        h.reply(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": page})
+        h.reply(200, {"kind": f"{kind}List", "apiVersion": "policy/v1" if kind == PDB else "v1", "metadata": meta,
+                      "items": page})
 
     def _watch(self, h: _Handler, kind: str, sel: Selector, in_ns: Callable[[dict], bool], q: dict) -> None:
         rv = int(q.get("resourceVersion") or self._snapshot(kind)[1])
