@@ -231,3 +231,67 @@ def test_parse_budget_needs_a_name():
 
     with pytest.raises(InvalidObjectError, match="metadata.name: Required value"):
         parse_budget({"spec": {}})
+
+
+# ------------------------------------------------------------------- the ReplicaSet-like sets
+
+def replica_set(name: str = "web", replicas: int = 2, node: str = "n1") -> dict:
+    spec = {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}],
+            "terminationGracePeriodSeconds": 10}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name}, "spec": {"replicas": replicas,
+                                                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": spec}}}
+
+
+def test_replica_set_recreates_a_deleted_pod_with_a_new_name_and_uid():
+    c, _ = cluster(scale=0.0)
+    rs = c.create_replica_set(replica_set(node=""))
+    assert len(rs["pods"]) == 2
+    first = c.get_pod("default", rs["pods"][0])
+    owner = first["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("ReplicaSet", "web", rs["uid"], True)
+    assert first["metadata"]["labels"] == {"app": "web"} and first["status"]["phase"] == "Pending"
+    _, rv = c.list_pods()
+    c.delete_pod("default", rs["pods"][0])
+    pods = {p["metadata"]["name"]: p for p in c.list_pods()[0]}
+    assert len(pods) == 2 and rs["pods"][0] not in pods and rs["pods"][1] in pods
+    (new_name,) = set(pods) - set(rs["pods"])
+    new = pods[new_name]
+    assert new_name.startswith("web-") and new["metadata"]["uid"] != first["metadata"]["uid"]
+    assert new["metadata"]["labels"] == {"app": "web"} and new["spec"]["containers"] == first["spec"]["containers"]
+    events, _ = c.events_since(rv, [POD])
+    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [(DELETED, rs["pods"][0]), (ADDED, new_name)]
+
+
+def test_replica_set_replaces_a_victim_as_soon_as_it_terminates():
+    c, clock = cluster()
+    rs = c.create_replica_set(replica_set(replicas=1))
+    victim = rs["pods"][0]
+    c.delete_pod("default", victim)  # terminating for 10 s: the set does not wait
+    names = sorted(p["metadata"]["name"] for p in c.list_pods()[0])
+    assert len(names) == 2 and victim in names
+    assert c.requested("n1")["cpu"] == 2000  # the victim's room is still taken, and its replacement's
+    (replacement,) = set(names) - {victim}
+    clock.now += 10
+    assert [p["metadata"]["name"] for p in c.list_pods()[0]] == [replacement]  # its end creates nothing more
+
+
+def test_replica_set_stops_replacing_once_deleted_and_refuses_bad_input():
+    c, _ = cluster(scale=0.0)
+    rs = c.create_replica_set(replica_set(replicas=1, node=""))
+    c.delete_replica_set("default", "web")
+    c.delete_pod("default", rs["pods"][0])
+    assert c.list_pods()[0] == []
+    with pytest.raises(NotFound):
+        c.delete_replica_set("default", "web")
+    c.create_replica_set(replica_set("again", replicas=0))
+    with pytest.raises(AlreadyExists):
+        c.create_replica_set(replica_set("again"))
+    with pytest.raises(Invalid, match="spec.replicas: -1 must be an integer >= 0"):
+        c.create_replica_set(replica_set("neg", replicas=-1))
+    bad = replica_set("bad")
+    bad["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    with pytest.raises(Invalid, match="cpu"):
+        c.create_replica_set(bad)
+    assert c.list_pods()[0] == []

@@ -32,6 +32,9 @@ Where the simulator differs from a real cluster (each on purpose, for a faster o
   selector selects (upstream asks the pods' controllers for their scale when the budget is a
   percentage or ``maxUnavailable``), and a pod is healthy when it is bound, ``Running`` and not
   terminating (upstream asks for the ``Ready`` condition, which the simulator does not write).
+- ReplicaSet-like sets (`SimCluster.create_replica_set`) replace a pod that stops being active at
+  once, inside the write that stopped it, and are not objects of the watch: an optional
+  controller so that the victims of a preemption come back, as a Deployment's do.
 - Setting ``spec.unschedulable`` also adds or removes the ``node.kubernetes.io/unschedulable``
   NoSchedule taint in the same write (what the node lifecycle controller does right after).
 - Events (`record_event`) are kept per object until the object is deleted (a real cluster keeps
@@ -226,6 +229,10 @@ class SimCluster:
         self._budgets: dict[str, Budget] = {}
         self._pdb_members: dict[str, dict[str, bool]] = {}
         self._budgets_in: dict[str, set[str]] = {}
+        #: ReplicaSet-like sets by "namespace/name" (`create_replica_set`), and the keys of each
+        #: set's active pods (not terminating, not terminal)
+        self._replica_sets: dict[str, dict] = {}
+        self._rs_active: dict[str, set[str]] = {}
         #: copy objects passed to create_*; a Ray actor gets private deserialized copies already
         self._copy_inputs = copy_inputs
         self._faults = faults or FaultConfig()
@@ -402,22 +409,58 @@ class SimCluster:
                     raise AlreadyExists(f'pods "{name}" already exists in namespace "{ns}"')
                 seen.add(key)
             now = _now()
-            out = []
-            for key, pod, requests in prepared:
-                pod["metadata"]["uid"] = self._new_uid()
-                pod["metadata"]["creationTimestamp"] = now
-                self._requests[key] = requests
-                node_name = pod["spec"].get("nodeName")
-                if node_name:
-                    self._on_node.setdefault(node_name, set()).add(key)
-                    self._bound_uids.add(pod["metadata"]["uid"])
-                    if node_name in self._nodes:
-                        pod["status"] = self._admit(node_name, requests, pod["status"], now)
-                    else:  # no kubelet yet; counts on the node once it exists
-                        self._add_usage(node_name, requests)
-                self._pods[key] = self._commit(ADDED, POD, pod)
-                out.append(self._pods[key])
-            return out
+            return [self._insert_pod(key, pod, requests, now) for key, pod, requests in prepared]
+
+    def create_replica_set(self, obj: Any) -> dict:
+        """Create a ReplicaSet-like set: ``spec.replicas`` pods from ``spec.template`` (its labels
+        and spec), named ``<set>-<5 characters>``, each with a controller ``ownerReference`` to the
+        set. As the ReplicaSet controller does, whenever one of its pods stops being active
+        (terminating, terminal, or deleted) the set creates a replacement at once: same labels
+        and template, a new name and uid, pending again (so a victim of preemption comes back and
+        competes for the room it left). The set itself is not an object of the watch.
+
+        Args:
+            obj: ``{"metadata": {"name", "namespace"?}, "spec": {"replicas": int >= 0,
+                "template": {"metadata": {"labels"}, "spec": {...}}}}``.
+
+        Returns:
+            ``{"namespace", "name", "uid", "replicas", "pods": [its pods' names]}``.
+
+        Raises:
+            Invalid: no name, ``replicas`` not an int >= 0, or a template that is not a valid pod
+                (the message names the field). AlreadyExists: the set's name is taken.
+        """
+        meta = (obj.get("metadata") or {}) if isinstance(obj, abc.Mapping) else {}
+        spec = (obj.get("spec") or {}) if isinstance(obj, abc.Mapping) else {}
+        name, namespace = meta.get("name"), meta.get("namespace") or "default"
+        replicas = spec.get("replicas", 1)
+        if not isinstance(name, str) or not name:
+            raise Invalid("ReplicaSet: metadata.name: Required value")
+        if (problem := name_problem(name)) is not None:
+            raise Invalid(f"ReplicaSet: metadata.name: {problem}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise Invalid(f"ReplicaSet {namespace}/{name}: spec.replicas: {replicas!r} must be an integer >= 0")
+        template = _copy_tree(spec.get("template") or {})
+        self._prepare_pod(self._pod_of_set({"name": name, "namespace": namespace, "uid": ""}, template, name))
+        key = f"{namespace}/{name}"
+        with self._locked():
+            if key in self._replica_sets:
+                raise AlreadyExists(f'replicasets.apps "{name}" already exists')
+            rs = {"name": name, "namespace": namespace, "uid": self._new_uid(), "replicas": replicas,
+                  "template": template}
+            self._replica_sets[key] = rs
+            self._rs_active[key] = set()
+            self._scale_up(key)
+            return {**{k: rs[k] for k in ("namespace", "name", "uid", "replicas")},
+                    "pods": sorted(k.split("/", 1)[1] for k in self._rs_active[key])}
+
+    def delete_replica_set(self, namespace: str, name: str) -> None:
+        """Stop a set's controller: its pods stay (orphaned, as with ``--cascade=orphan``) and are no
+        longer replaced. Raises: NotFound."""
+        with self._locked():
+            if self._replica_sets.pop(f"{namespace}/{name}", None) is None:
+                raise NotFound(f'replicasets.apps "{name}" not found')
+            del self._rs_active[f"{namespace}/{name}"]
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    grace_period_s: int | None = None) -> dict:
@@ -866,6 +909,63 @@ class SimCluster:
             if pod is not None and pod["metadata"]["uid"] == uid:  # not deleted meanwhile (sooner, or re-created)
                 self._delete_pod(key)
 
+    def _insert_pod(self, key: str, pod: dict, requests: dict[str, int], now: str) -> dict:
+        """Store a prepared pod (`_prepare_pod`) whose key is free: uid, creationTimestamp, the
+        admission of a pod created bound, its ADDED event. Returns the stored pod."""
+        pod["metadata"]["uid"] = self._new_uid()
+        pod["metadata"]["creationTimestamp"] = now
+        self._requests[key] = requests
+        node_name = pod["spec"].get("nodeName")
+        if node_name:
+            self._on_node.setdefault(node_name, set()).add(key)
+            self._bound_uids.add(pod["metadata"]["uid"])
+            if node_name in self._nodes:
+                pod["status"] = self._admit(node_name, requests, pod["status"], now)
+            else:  # no kubelet yet; counts on the node once it exists
+                self._add_usage(node_name, requests)
+        self._pods[key] = self._commit(ADDED, POD, pod)
+        return self._pods[key]
+
+    @staticmethod
+    def _pod_of_set(rs: Mapping[str, Any], template: Mapping[str, Any], name: str) -> dict:
+        """A pod of set ``rs`` named ``name``, from its template, with the controller ownerReference."""
+        owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["name"], "uid": rs["uid"],
+                 "controller": True, "blockOwnerDeletion": True}
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        return {"apiVersion": "v1", "kind": POD,
+                "metadata": {"name": name, "namespace": rs["namespace"], "labels": labels, "ownerReferences": [owner]},
+                "spec": _copy_tree(template.get("spec") or {})}
+
+    def _scale_up(self, rs_key: str) -> None:
+        """Create pods of set ``rs_key`` until it has ``replicas`` active ones (the ReplicaSet
+        controller's ``manageReplicas``, at once)."""
+        rs = self._replica_sets[rs_key]
+        active = self._rs_active[rs_key]
+        while len(active) < rs["replicas"]:
+            name = f"{rs['name']}-{''.join(self._uid_rng.choice('bcdfghjklmnpqrstvwxz2456789') for _ in range(5))}"
+            key = f"{rs['namespace']}/{name}"
+            if key in self._pods:
+                continue
+            _, pod, requests = self._prepare_pod(self._pod_of_set(rs, rs["template"], name))
+            self._insert_pod(key, pod, requests, _now())  # its ADDED joins `active` (`_pod_changed_for_sets`)
+
+    def _pod_changed_for_sets(self, type_: str, pod: dict) -> None:
+        """After a write of a pod a set controls: keep the set's active pods, and replace one that
+        stopped being active."""
+        meta = pod["metadata"]
+        owner = next((o for o in meta.get("ownerReferences") or () if o.get("controller")), None)
+        rs_key = f"{meta['namespace']}/{owner['name']}" if owner else None
+        if rs_key not in self._replica_sets or self._replica_sets[rs_key]["uid"] != owner.get("uid"):
+            return
+        key = f"{meta['namespace']}/{meta['name']}"
+        active = self._rs_active[rs_key]
+        phase = pod.get("status", {}).get("phase")
+        if type_ != DELETED and not meta.get("deletionTimestamp") and phase not in TERMINAL_PHASES:
+            active.add(key)
+        elif key in active:
+            active.discard(key)
+            self._scale_up(rs_key)
+
     def _prepare_pdb(self, obj: Any) -> tuple[Budget, dict]:
         """Copy, default and validate a PodDisruptionBudget outside the lock: (budget, object)."""
         try:
@@ -985,6 +1085,8 @@ class SimCluster:
             del self._history[:drop]
         if kind == POD and self._budgets_in.get(obj["metadata"]["namespace"]):
             self._pod_changed_for_budgets(type_, obj)
+        if kind == POD and self._replica_sets and obj["metadata"].get("ownerReferences"):
+            self._pod_changed_for_sets(type_, obj)
         return obj
 
     def _add_usage(self, node_name: str, requests: Mapping[str, int], sign: int = 1) -> None:
