@@ -40,7 +40,7 @@ from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import MAX_CONCURRENCY
 from shardsched.sharding.embedded import EmbeddedRun
 from shardsched.sharding.run_control import RunOptions
-from shardsched.sharding.run_report import RunReport, Sample
+from shardsched.sharding.run_report import RunReport
 from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions
 from shardsched.sim import SCHEDULER_NAME, uniform_nodes, uniform_pods
 
@@ -211,7 +211,6 @@ class ChaosRun(EmbeddedRun):
             if time.monotonic() - last_poll >= SHARD_POLL_S:
                 self._poll_shards()
                 last_poll = time.monotonic()
-            report.samples.append(Sample(elapsed, counts["bound"], status["pending"], 0.0))
             self._note_replacements(status)
             if self.on_progress:
                 self.on_progress(counts["bound"], len(self.workload), status)
