@@ -151,7 +151,7 @@ def run(params: FieldParams, progress: Progress | None = None) -> list[Measureme
 
 def _kube_like(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], params: FieldParams,
                faults: FaultConfig | None, progress: Progress) -> Measurement:
-    from shardsched.sharding.embedded import CREATE_CHUNK
+    from shardsched.sharding.run_feed import CREATE_CHUNK
 
     progress.start(KUBE_LIKE, len(pods), "one process, one pod per cycle")
     profiler = Profiler(params.profile_dir, KUBE_LIKE) if params.profile_dir else None

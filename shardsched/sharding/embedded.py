@@ -6,7 +6,8 @@ the shard count at given times (``scale_at``) or lets the coordinator's autoscal
 progress, restarts the embedded redis-server when it exits, collects the report (latency,
 throughput, CPU, memory, invariants, scale steps with the throughput around each) and stops
 everything, also on errors, on Ctrl-C (SIGINT) and on SIGTERM. Its options, errors and signal
-handling are in `shardsched.sharding.run_control`, its report in `shardsched.sharding.run_report`.
+handling are in `shardsched.sharding.run_control`, its workload feeder in `shardsched.sharding.run_feed`,
+its report in `shardsched.sharding.run_report`.
 """
 
 from __future__ import annotations
@@ -26,17 +27,16 @@ from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import coordinator_actor, kill_shard_actors
 from shardsched.sharding.rayaccess import describe_access
 from shardsched.sharding.run_control import DropMessage, Interrupted, RunError, RunOptions, how_it_ended, interruptible
+from shardsched.sharding.run_feed import WorkloadFeeder
 from shardsched.sharding.run_report import (ProcessMeter, RunReport, Sample, allocatable_of, ray_system_pids,
                                             scale_phases)
 from shardsched.sharding.scaling import RAY_NAMESPACE
-from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardStats
-from shardsched.sharding.sim_actor import sim_cluster_actor, unschedulable
-from shardsched.sim.trace import TraceReplay
+from shardsched.sharding.shard import ShardStats
+from shardsched.sharding.sim_actor import sim_cluster_actor
 from shardsched.store.server import EmbeddedRedis, RedisServerError
 
 log = logging.getLogger(__name__)
 
-CREATE_CHUNK = 2000
 #: progress following period once the run is past its first seconds (shorter before: `_follow`)
 FOLLOW_PERIOD_S = 0.25
 #: the plot's sampling period: the simulated cluster is read this often (`EmbeddedRun._sample`)
@@ -78,12 +78,9 @@ class EmbeddedRun:
         self._signals: dict[str, Any] = {"stopping": False, "defer": False, "pending": None, "received": None}  # see interruptible
         self._actors: list[Any] = []  # every actor this run created, killed by _stop
         self.coordinator_restarts = 0
-        self._created = 0  # workload pods created in the cluster so far (by the feeder)
-        self._created_first_s: float | None = None  # seconds after the start: `RunReport.created_first_s`
-        self._created_last_s: float | None = None
+        self.feeder = WorkloadFeeder(workload, options, self._feeder_error)
         self._t0 = 0.0  # time.monotonic() when the workload started
         self._allocatable = allocatable_of(nodes)
-        self._instant = {id(p) for c, d, p in workload if d == c}  # pods of a trace deleted when created
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
@@ -106,7 +103,7 @@ class EmbeddedRun:
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
         self.redis_url = redis_url
-        self.cluster = self._new_cluster()
+        self.cluster = self.feeder.cluster = self._new_cluster()
         self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
         self._start_coordinator(adopt=False)
@@ -263,90 +260,6 @@ class EmbeddedRun:
         if self.redis is not None:
             self.redis.stop()
 
-    # ------------------------------------------------------------------ workload
-    def _feed(self, t0: float, stop: threading.Event) -> None:
-        """Create (and delete) pods at their times; a burst is created in chunks at once."""
-        try:
-            steps = list(TraceReplay(self.workload, self.options.time_scale, self.options.trace_max_pause_s)
-                         ) if self._is_replay() else None
-            if steps is None:
-                pods = [p for _, _, p in self.workload]
-                for i in range(0, len(pods), CREATE_CHUNK):
-                    if stop.is_set():
-                        return
-                    self._create(pods[i:i + CREATE_CHUNK])
-                return
-            pending: list = []
-            held_s = 0.0  # the replay's clock held so far, waiting for binds (`_wait_for_bind`)
-            for step in steps:
-                if stop.is_set():
-                    return
-                if t0 + held_s + step.due_s - time.monotonic() > 0.005:
-                    held_s += self._flush(pending, stop)
-                    stop.wait(max(0.0, t0 + held_s + step.due_s - time.monotonic()))
-                pending.append(step)
-            self._flush(pending, stop)
-        except Exception as e:  # noqa: BLE001 - report, do not crash the run
-            self._feeder_error.append(f"workload feeder: {type(e).__name__}: {e}")
-            log.exception("workload feeder failed")
-
-    def _is_replay(self) -> bool:
-        """The workload is replayed over time (some pod is created after the start or deleted)."""
-        return any(c > 0 or d is not None for c, d, _ in self.workload)
-
-    def _create(self, pods: list[dict]) -> None:
-        """Create workload pods in the cluster, stamped with the time of creation (where their
-        latency starts), and note when the first and the last were created."""
-        started = time.monotonic()
-        now = time.time()
-        for p in pods:
-            p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
-        ray.get(self.cluster.create_pods.remote(pods))
-        self._created += len(pods)
-        if self._created_first_s is None:
-            self._created_first_s = started - self._t0
-        self._created_last_s = time.monotonic() - self._t0
-
-    def _flush(self, steps: list, stop: threading.Event) -> float:
-        """Carry out replay steps due now (creations first, as `TraceReplay` orders them); returns
-        the seconds the replay's clock was held (`_wait_for_bind`)."""
-        held_s = 0.0
-        creates = [s.pod for s in steps if s.action == "create"]
-        if creates:
-            self._create(creates)
-        for s in steps:
-            if s.action == "delete":
-                meta = s.pod["metadata"]
-                namespace = meta.get("namespace") or "default"
-                if id(s.pod) not in self._instant:  # a pod the trace deletes when created is not waited for
-                    held_s += self._wait_for_bind(namespace, meta["name"], stop)
-                try:
-                    ray.get(self.cluster.delete_pod.remote(namespace, meta["name"]))
-                except Exception:  # noqa: BLE001 - already gone is fine
-                    pass
-        steps.clear()
-        return held_s
-
-    def _wait_for_bind(self, namespace: str, name: str, stop: threading.Event) -> float:
-        """Before a replay deletes a pod: while it is neither bound nor `unschedulable` (nor gone),
-        wait, for at most ``trace_bind_wait_s`` (a pod does not end before it ran). Returns the
-        seconds waited, 0 when the pod was ready or waiting is off."""
-        if not self.options.trace_bind_wait_s:
-            return 0.0
-        started = None
-        while not stop.is_set():
-            try:
-                pod = ray.get(self.cluster.get_pod.remote(namespace, name))
-            except Exception:  # noqa: BLE001 - gone
-                break
-            if pod["spec"].get("nodeName") or unschedulable(pod):
-                break
-            started = started or time.monotonic()
-            if time.monotonic() - started > self.options.trace_bind_wait_s:
-                break
-            stop.wait(0.01)
-        return 0.0 if started is None else time.monotonic() - started
-
     # ------------------------------------------------------------------ main
     def run(self) -> RunReport:
         """Start, feed the workload, follow it until it settles (or ``timeout_s``), report, stop.
@@ -377,7 +290,7 @@ class EmbeddedRun:
                     self.on_started(*describe_access())
                 log.info("scheduling: %d pods on %d nodes, %d shards", len(self.workload), len(self.nodes),
                          self.options.shards)
-                t0 = self._t0 = time.monotonic()
+                t0 = self._t0 = self.feeder.t0 = time.monotonic()
                 self._t0_unix = time.time()
                 feeder = threading.Thread(target=self._drive, args=(t0, stop), daemon=True)
                 sampler = threading.Thread(target=self._sample, args=(report, t0, stop), daemon=True)
@@ -456,7 +369,7 @@ class EmbeddedRun:
         done (the run does not settle before its last scale step)."""
         scaler = threading.Thread(target=self._scale_at, args=(t0, stop), daemon=True)
         scaler.start()
-        self._feed(t0, stop)
+        self.feeder.feed(t0, stop)
         scaler.join()
 
     def _scale_at(self, t0: float, stop: threading.Event) -> None:
@@ -578,15 +491,15 @@ class EmbeddedRun:
         # successful bind, less those of a pod already bound (double_binds, reported on their own)
         report.pods_bound = int(inv["binds"]) - int(inv["double_binds"])
         report.pods_unschedulable = status["unschedulable"]
-        report.pods_deleted_unbound = max(0, self._created - report.pods_bound - len(unbound))
+        report.pods_deleted_unbound = max(0, self.feeder.created - report.pods_bound - len(unbound))
         report.pods_pending = max(0, report.pods_total - report.pods_bound - report.pods_unschedulable
                                   - report.pods_deleted_unbound - report.lost_pods)
         if report.timed_out:  # the summary's pending count (the coordinator's includes the unschedulable)
             report.errors.append(f"timed out after {self.options.timeout_s:g} s with {report.pods_pending} pods pending")
         report.samples.append(Sample.of(time.monotonic() - self._t0, ray.get(self.cluster.progress.remote())))
-        report.created_first_s, report.created_last_s = self._created_first_s, self._created_last_s
+        report.created_first_s, report.created_last_s = self.feeder.created_first_s, self.feeder.created_last_s
         report.allocatable = dict(self._allocatable)
-        report.replay = self._is_replay()
+        report.replay = self.feeder.replay
         report.requeues = status["requeues"]
         report.replaced_shards = status["replaced_shards"]
         report.ledger_rebuilds = status["ledger_rebuilds"]
