@@ -377,27 +377,26 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     return out
 
 
+def _parse(m: Manifests, objects: list[tuple[str, dict]], kind: str, from_object) -> list:
+    """``from_object`` of each object; an invalid one is appended to ``m.errors`` as ``invalid <kind>``."""
+    out = []
+    for where, obj in objects:
+        try:
+            out.append(from_object(obj))
+        except InvalidObjectError as e:
+            m.error(where, f"invalid {kind}: {e}")
+    return out
+
+
 def parse_nodes(m: Manifests) -> list[NodeInfo]:
     """NodeInfo for each valid node; invalid ones are appended to ``m.errors``."""
-    nodes = []
-    for where, obj in m.nodes:
-        try:
-            nodes.append(NodeInfo.from_object(obj))
-        except InvalidObjectError as e:
-            m.error(where, f"invalid Node: {e}")
-    return nodes
+    return _parse(m, m.nodes, "Node", NodeInfo.from_object)
 
 
 def parse_pdbs(m: Manifests) -> list[PodDisruptionBudget]:
     """PodDisruptionBudget views of the valid PDBs; invalid ones (a malformed selector or status)
     are appended to ``m.errors``."""
-    pdbs = []
-    for where, obj in m.pdbs:
-        try:
-            pdbs.append(PodDisruptionBudget.from_object(obj))
-        except InvalidObjectError as e:
-            m.error(where, f"invalid PodDisruptionBudget: {e}")
-    return pdbs
+    return _parse(m, m.pdbs, "PodDisruptionBudget", PodDisruptionBudget.from_object)
 
 
 def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:
