@@ -82,9 +82,20 @@ class _CoordinatorKilledAtStart(EmbeddedRun):
     last step of the start-up."""
 
     def _meter_shards(self) -> None:
+        import time
+
         import ray
 
         ray.kill(self.coordinator, no_restart=True)
+        # ray.kill returns before the actor is gone: wait until a call sees it dead, so that the
+        # start-up's own next call meets a dead coordinator (not one that dies later in the run)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.coordinator.pid.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                break
+            time.sleep(0.05)
         super()._meter_shards()
 
 
