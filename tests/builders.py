@@ -183,6 +183,10 @@ class Pod(dict):
         self["metadata"].setdefault("labels", {}).update(labels or {}, **kw)
         return self
 
+    def in_group(self, group: str) -> "Pod":
+        """A member of the PodGroup ``group`` of its namespace (label ``scheduling.x-k8s.io/pod-group``)."""
+        return self.with_labels({"scheduling.x-k8s.io/pod-group": group})
+
     def started(self, second: int) -> "Pod":
         """Running since ``second`` seconds after 2026-01-01T00:00:00Z (``status.startTime``)."""
         self.setdefault("status", {}).update(phase="Running", startTime=f"2026-01-01T00:{second // 60:02d}:{second % 60:02d}Z")
@@ -212,6 +216,21 @@ def pod(name: str = "p", cpu: Any = None, memory: Any = None, *, requests: dict 
         "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}-{next(_uids)}"},
         "spec": {"containers": [container("c", cpu, memory, requests=requests, limits=limits)]},
     })
+
+
+def pod_group(name: str, min_member: int | None = 2, *, namespace: str = "default", timeout_s: int | None = None,
+              created: str = "2026-01-01T00:00:00Z", **min_resources: Any) -> dict:
+    """A PodGroup (``scheduling.x-k8s.io/v1alpha1``) dict; ``min_member`` None leaves it out."""
+    spec: dict = {}
+    if min_member is not None:
+        spec["minMember"] = min_member
+    if timeout_s is not None:
+        spec["scheduleTimeoutSeconds"] = timeout_s
+    if min_resources:
+        spec["minResources"] = {k: str(v) for k, v in min_resources.items()}
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-pg-{name}-{next(_uids)}",
+                         "creationTimestamp": created}, "spec": spec}
 
 
 class Node(dict):

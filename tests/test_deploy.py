@@ -347,7 +347,8 @@ def test_loader_matches_kubectl(name: str, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- schema validation
 
 CUSTOM_KINDS = {("ray.io/v1", "RayCluster"): "ray.io_rayclusters.yaml",
-                ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml"}
+                ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+                ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "scheduling.x-k8s.io_podgroups.yaml"}
 
 
 def _validate_builtin(obj: dict) -> None:
@@ -426,6 +427,43 @@ def test_custom_resource_validates_against_crd(name: str, obj: dict) -> None:
     assert not errors, "\n".join(errors)
     unchecked = [p for p in _cel_paths(validator.schema) if _has_path(obj, p.split("."))]
     assert not unchecked, f"fields with CEL rules that are not checked offline: {unchecked}"
+
+
+EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))
+
+
+def _example_objects() -> list[tuple[str, dict]]:
+    return [(f"{path.name}:{o['kind']}/{o['metadata']['name']}", o) for path in EXAMPLES
+            for o in yaml.safe_load_all(path.read_text()) if o]
+
+
+@pytest.mark.parametrize("name, obj", _example_objects())
+def test_example_validates(name: str, obj: dict) -> None:
+    """deploy/examples/: custom resources against their CRD, the rest as built-in kinds; and each
+    PodGroup is one shardsched reads, with as many pods naming it as its minMember."""
+    from shardsched.api.podgroup import POD_GROUP_LABEL, PodGroup
+
+    if (obj["apiVersion"], obj["kind"]) not in CUSTOM_KINDS:
+        _validate_builtin(obj)
+        return
+    validator = crd_validator(obj["apiVersion"], obj["kind"])
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+    assert not errors, "\n".join(errors)
+    if obj["kind"] == "PodGroup":
+        group = PodGroup.from_object(obj)
+        members = [o for _, o in _example_objects() if o["kind"] == "Pod"
+                   and o["metadata"].get("labels", {}).get(POD_GROUP_LABEL) == group.name]
+        assert len(members) == group.min_member
+
+
+def test_podgroup_crd_validation_has_teeth() -> None:
+    obj = next(o for _, o in _example_objects() if o["kind"] == "PodGroup")
+    validator = crd_validator(obj["apiVersion"], obj["kind"])
+    for mutate in (lambda o: o["spec"].update(minMember=0), lambda o: o["spec"].update(minMembers=3),
+                   lambda o: o["spec"].update(minResources={"cpu": "lots"})):
+        bad = copy.deepcopy(obj)
+        mutate(bad)
+        assert list(validator.iter_errors(bad))
 
 
 @pytest.mark.parametrize("mutate", [

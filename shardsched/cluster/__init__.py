@@ -6,6 +6,7 @@ backend (`shardsched.kube`) import it and never each other."""
 from shardsched.cluster.backend import Capabilities, ClusterBackend, PerProcessBackend, WriteGate
 from shardsched.cluster.binding import BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, Binding, BindResult
 from shardsched.cluster.disruption import apply_pdb_events
+from shardsched.cluster.podgroups import apply_pod_group_events
 from shardsched.cluster.errors import (
     AlreadyExists,
     ApiError,
@@ -17,7 +18,7 @@ from shardsched.cluster.errors import (
     ServerError,
     Timeout,
 )
-from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, WatchEvent, read_event_log
+from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, WatchEvent, read_event_log
 
 __all__ = [
     "ADDED",
@@ -32,6 +33,7 @@ __all__ = [
     "NOT_FOUND",
     "PDB",
     "POD",
+    "PODGROUP",
     "AlreadyExists",
     "ApiError",
     "BindResult",
@@ -49,5 +51,6 @@ __all__ = [
     "WatchEvent",
     "WriteGate",
     "apply_pdb_events",
+    "apply_pod_group_events",
     "read_event_log",
 ]

@@ -83,6 +83,11 @@ class ClusterBackend(Protocol):
         wrote, and the resourceVersion; a backend whose ``capabilities.kinds`` has `PDB`."""
         ...
 
+    def list_pod_groups(self) -> tuple[list[dict], int]:
+        """Every PodGroup (``scheduling.x-k8s.io/v1alpha1``) with its status, and the
+        resourceVersion; a backend whose ``capabilities.kinds`` has `PODGROUP`."""
+        ...
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at

@@ -22,12 +22,15 @@ NODE, POD, NAMESPACE = "Node", "Pod", "Namespace"
 #: ``policy/v1`` PodDisruptionBudgets (preemption reads them); a backend that lists them has it in
 #: `Capabilities.kinds` and a ``list_pdbs`` method
 PDB = "PodDisruptionBudget"
+#: ``scheduling.x-k8s.io/v1alpha1`` PodGroups (gangs, `shardsched.api.podgroup`); a backend that
+#: lists them has it in `Capabilities.kinds` and a ``list_pod_groups`` method
+PODGROUP = "PodGroup"
 
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change: ``type`` ADDED, MODIFIED or DELETED; ``kind`` the object's kind (`NODE`, `POD`,
-    `NAMESPACE`, `PDB`); ``object`` the object after the change (for DELETED, its last state), a
+    `NAMESPACE`, `PDB`, `PODGROUP`); ``object`` the object after the change (for DELETED, its last state), a
     camelCase dict as the API server sends it; ``rv`` the backend's sequence number of the change."""
 
     type: str

@@ -68,9 +68,10 @@ from shardsched.api.objects import (DEFAULT_GRACE_PERIOD_S, TERMINAL_PHASES, UNS
                                     as_dict, disruption_target_condition)
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.api.podgroup import API_VERSION as PODGROUP_API_VERSION, PodGroup, group_key_of, group_status
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
-from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, AlreadyExists, Binding,
+from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
                                 read_event_log)
 from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
@@ -206,7 +207,7 @@ class SimCluster:
         ValueError: ``history_limit`` < 1, or ``grace_period_scale`` < 0.
     """
 
-    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB}))
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, PODGROUP}))
     #: Events and conditions are written at once, beside the binds: no `WriteGate`
     gate = None
 
@@ -229,6 +230,11 @@ class SimCluster:
         self._budgets: dict[str, Budget] = {}
         self._pdb_members: dict[str, dict[str, bool]] = {}
         self._budgets_in: dict[str, set[str]] = {}
+        #: PodGroups by "namespace/name", their parsed spec, and per group the phases of its pods
+        #: (pod key -> status.phase): the pods whose group label names it
+        self._pod_groups: dict[str, dict] = {}
+        self._groups: dict[str, PodGroup] = {}
+        self._group_members: dict[str, dict[str, str]] = {}
         #: ReplicaSet-like sets by "namespace/name" (`create_replica_set`), and the keys of each
         #: set's active pods (not terminating, not terminal)
         self._replica_sets: dict[str, dict] = {}
@@ -281,6 +287,20 @@ class SimCluster:
         controller wrote) and the resourceVersion to watch from."""
         with self._locked():
             return list(self._pdbs.values()), self._rv
+
+    def list_pod_groups(self) -> tuple[list[dict], int]:
+        """All PodGroup objects (``scheduling.x-k8s.io/v1alpha1``, with the status the simulated
+        PodGroup controller wrote) and the resourceVersion to watch from."""
+        with self._locked():
+            return list(self._pod_groups.values()), self._rv
+
+    def get_pod_group(self, namespace: str, name: str) -> dict:
+        """The PodGroup ``namespace/name``. Raises: NotFound."""
+        with self._locked():
+            pg = self._pod_groups.get(f"{namespace}/{name}")
+        if pg is None:
+            raise NotFound(f'podgroups.scheduling.x-k8s.io "{name}" not found')
+        return pg
 
     def get_pdb(self, namespace: str, name: str) -> dict:
         """The PodDisruptionBudget ``namespace/name``. Raises: NotFound."""
@@ -565,6 +585,50 @@ class SimCluster:
             self._budgets_in[namespace].discard(key)
             return self._commit(DELETED, PDB, {**old, "metadata": {**old["metadata"]}})
 
+    def create_pod_group(self, obj: Any) -> dict:
+        """Create a PodGroup (``scheduling.x-k8s.io/v1alpha1``), validated as its CRD and
+        `PodGroup.from_object` (``spec.minMember`` at least 1), with its status computed from the
+        pods that name it at once; the status is written again whenever one of them comes, goes
+        or changes phase (module docstring).
+
+        Returns: the stored group. Raises: Invalid (the message names the field), AlreadyExists.
+        """
+        group, pg = self._prepare_pod_group(obj)
+        with self._locked():
+            if group.key in self._pod_groups:
+                raise AlreadyExists(f'podgroups.scheduling.x-k8s.io "{group.name}" already exists')
+            now = _now()
+            pg["metadata"].update(uid=self._new_uid(), creationTimestamp=now, generation=1)
+            self._set_group(group, pg)
+            self._pod_groups[group.key] = self._commit(ADDED, PODGROUP, {**pg, "status": self._group_status(group.key, {})})
+            return self._pod_groups[group.key]
+
+    def update_pod_group(self, obj: Any) -> dict:
+        """Replace a PodGroup's spec, labels and annotations (``generation`` + 1; uid,
+        creationTimestamp and status kept, the status computed again). Raises: NotFound, Invalid."""
+        group, pg = self._prepare_pod_group(obj)
+        with self._locked():
+            old = self._pod_groups.get(group.key)
+            if old is None:
+                raise NotFound(f'podgroups.scheduling.x-k8s.io "{group.name}" not found')
+            pg["metadata"].update(uid=old["metadata"]["uid"], creationTimestamp=old["metadata"]["creationTimestamp"],
+                                  generation=old["metadata"]["generation"] + 1)
+            self._set_group(group, pg)
+            status = self._group_status(group.key, old.get("status") or {})
+            self._pod_groups[group.key] = self._commit(MODIFIED, PODGROUP, {**pg, "status": status})
+            return self._pod_groups[group.key]
+
+    def delete_pod_group(self, namespace: str, name: str) -> dict:
+        """Delete a PodGroup (its pods stay, naming a group that no longer exists). Returns: its
+        last state. Raises: NotFound."""
+        key = f"{namespace}/{name}"
+        with self._locked():
+            old = self._pod_groups.pop(key, None)
+            if old is None:
+                raise NotFound(f'podgroups.scheduling.x-k8s.io "{name}" not found')
+            del self._groups[key], self._group_members[key]
+            return self._commit(DELETED, PODGROUP, {**old, "metadata": {**old["metadata"]}})
+
     def create_namespace(self, obj: Any) -> dict:
         """Create a Namespace: its name must be a DNS-1123 label and its labels valid; the API
         server's ``kubernetes.io/metadata.name`` label is set to its name (v1.21+).
@@ -605,6 +669,10 @@ class SimCluster:
                 raise NotFound(f'namespaces "{name}" not found')
             for key in sorted(k for k in self._pods if k.split("/", 1)[0] == name):
                 self._delete_pod(key)
+            for key in sorted(k for k in self._pod_groups if k.split("/", 1)[0] == name):
+                old = self._pod_groups.pop(key)
+                del self._groups[key], self._group_members[key]
+                self._commit(DELETED, PODGROUP, {**old, "metadata": {**old["metadata"]}})
             for key in sorted(self._budgets_in.pop(name, ())):
                 old = self._pdbs.pop(key)
                 del self._budgets[key], self._pdb_members[key]
@@ -985,6 +1053,71 @@ class SimCluster:
         pdb.pop("status", None)
         return budget, pdb
 
+    def _prepare_pod_group(self, obj: Any) -> tuple[PodGroup, dict]:
+        """Copy, default and validate a PodGroup outside the lock: (group, object)."""
+        try:
+            pg = _copy_tree(as_dict(obj))
+            meta = pg.get("metadata")
+            if not isinstance(meta, dict):
+                raise InvalidObjectError("metadata is missing", "metadata")
+            meta["namespace"] = meta.get("namespace") or "default"
+            problem = name_problem(str(meta["name"])) if meta.get("name") else None
+            if problem:
+                raise InvalidObjectError(problem, "metadata.name")
+            group = PodGroup.from_object(pg)
+        except InvalidObjectError as e:
+            meta = obj.get("metadata") if isinstance(obj, abc.Mapping) else None
+            where = f"{meta.get('namespace') or 'default'}/{meta.get('name')}" if isinstance(meta, abc.Mapping) else ""
+            raise Invalid(f"PodGroup {where}: {e}" if where else f"PodGroup: {e}") from None
+        pg["metadata"] = {k: v for k, v in pg["metadata"].items()
+                          if k not in ("uid", "resourceVersion", "creationTimestamp", "generation")}
+        pg["apiVersion"] = PODGROUP_API_VERSION
+        pg["kind"] = PODGROUP
+        pg.pop("status", None)
+        return group, pg
+
+    def _set_group(self, group: PodGroup, pg: dict) -> None:
+        """Record a group's object and spec, and the pods that name it now."""
+        self._pod_groups[group.key] = pg
+        self._groups[group.key] = group
+        self._group_members[group.key] = {
+            key: pod.get("status", {}).get("phase", "Pending") for key, pod in self._pods.items()
+            if group_key_of(pod["metadata"]["namespace"], pod["metadata"].get("labels")) == group.key}
+
+    def _group_status(self, key: str, old: Mapping[str, Any]) -> dict:
+        """The PodGroup controller's status for group ``key``, reconciled until it holds."""
+        phases, min_member, now = self._group_members[key].values(), self._groups[key].min_member, _now()
+        status = dict(old)
+        for _ in range(4):  # "" -> Pending -> Scheduling -> counted: at most three steps
+            new = group_status(min_member, phases, status, now)
+            if new == status:
+                break
+            status = new
+        return status
+
+    def _pod_changed_for_groups(self, type_: str, pod: dict) -> None:
+        """After a write of a pod that names a group: its phase among the group's members, and the
+        group's status written when it changed."""
+        meta = pod["metadata"]
+        gkey = group_key_of(meta["namespace"], meta.get("labels"))
+        if gkey not in self._groups:
+            return
+        members = self._group_members[gkey]
+        pkey = f"{meta['namespace']}/{meta['name']}"
+        phase = pod.get("status", {}).get("phase", "Pending")
+        if type_ == DELETED:
+            if members.pop(pkey, None) is None:
+                return
+        elif members.get(pkey) == phase:
+            return
+        else:
+            members[pkey] = phase
+        old = self._pod_groups[gkey]
+        status = self._group_status(gkey, old.get("status") or {})
+        if status != old.get("status"):
+            self._pod_groups[gkey] = self._commit(MODIFIED, PODGROUP,
+                                                  {**old, "metadata": {**old["metadata"]}, "status": status})
+
     def _set_budget(self, budget: Budget) -> None:
         """Record a budget's spec and the pods it selects now."""
         namespace = budget.namespace
@@ -1085,6 +1218,8 @@ class SimCluster:
             del self._history[:drop]
         if kind == POD and self._budgets_in.get(obj["metadata"]["namespace"]):
             self._pod_changed_for_budgets(type_, obj)
+        if kind == POD and self._groups and obj["metadata"].get("labels"):
+            self._pod_changed_for_groups(type_, obj)
         if kind == POD and self._replica_sets and obj["metadata"].get("ownerReferences"):
             self._pod_changed_for_sets(type_, obj)
         return obj
