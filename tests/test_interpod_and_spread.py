@@ -795,6 +795,41 @@ def test_valid_constraints_parse_with_defaults_and_match_label_keys_merged():
     assert not c.selector.matches({"app": "web"})
 
 
+def test_a_constraint_the_api_server_merged_parses_as_the_unmerged_one():
+    """Since v1.34 the API server merges matchLabelKeys into the labelSelector on create (``rev In
+    (v3)`` appended): such a pod is valid, and its selector is the one merging here gives."""
+    labels = {"app": "web", "rev": "v3"}
+    merged = {"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "rev", "operator": "In", "values": ["v3"]}]}
+    [as_created] = _raw({"topologySpreadConstraints": [_c(matchLabelKeys=["rev"])]}, labels).info().spread_constraints
+    [as_read] = _raw({"topologySpreadConstraints": [_c(matchLabelKeys=["rev"], labelSelector=merged)]},
+                     labels).info().spread_constraints
+    assert as_read.selector == as_created.selector
+
+
+@pytest.mark.parametrize(
+    "selector, labels, error",
+    [
+        # the key in the pod's labels: the merge adds it a second time to the selector
+        ({"matchExpressions": [{"key": "rev", "operator": "NotIn", "values": ["v1"]}]}, {"rev": "v3"}, True),
+        ({"matchLabels": {"rev": "v3"}}, {"rev": "v3"}, True),
+        # the pod lacks the key: nothing is merged, the selector keeps it once
+        ({"matchLabels": {"rev": "v3"}}, {}, False),
+        ({"matchExpressions": [{"key": "rev", "operator": "Exists"}]}, {}, False),
+    ],
+    ids=["expression-and-merged", "match-labels-and-merged", "match-labels-only", "expression-only"],
+)
+def test_match_label_keys_validated_after_the_merge(selector, labels, error):
+    """ValidateMatchLabelKeysAndMismatchLabelKeys on the merged constraint: a matchLabelKeys key may
+    be in the selector once, as a matchExpression."""
+    p = _raw({"topologySpreadConstraints": [_c(matchLabelKeys=["rev"], labelSelector=selector)]}, {"app": "web", **labels})
+    if not error:
+        assert p.info().spread_constraints
+        return
+    with pytest.raises(InvalidObjectError) as e:
+        p.info()
+    assert e.value.path == f"{TSC}[0].matchLabelKeys[0]" and "exists in both matchLabelKeys and labelSelector" in str(e.value)
+
+
 # ================================================================== sharded runtime: partial view
 @pytest.mark.parametrize(
     "p, plugin, what",

@@ -128,8 +128,8 @@ def test_bad_input_is_named_and_the_rest_still_runs(tmp_path):
     spec: {containers: []}
     ---
     apiVersion: v1
-    kind: Service
-    metadata: {name: svc}
+    kind: ConfigMap
+    metadata: {name: cm}
     """)
     run = simulate(tmp_path, manifests, "-o", "json")
     assert run.returncode == 2
@@ -137,7 +137,7 @@ def test_bad_input_is_named_and_the_rest_still_runs(tmp_path):
     assert "in.yaml#3: invalid Pod: spec.containers[0].resources.requests.cpu: invalid quantity 'abc'" in run.stderr
     assert "in.yaml#4: duplicate Pod 'default/ok'" in run.stderr
     assert "in.yaml#5: invalid Pod: spec.containers: a pod needs at least one container" in run.stderr
-    assert "in.yaml#6: ignoring object of kind 'Service'" in run.stderr
+    assert "in.yaml#6: ignoring object of kind 'ConfigMap'" in run.stderr
     assert by_key(json.loads(run.stdout))["default/ok"]["node"] == "n1"
 
 
@@ -462,15 +462,6 @@ def test_a_document_nested_too_deeply_is_an_error_not_a_traceback(tmp_path):
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert f"{deep}: nested too deeply to be read" in run.stderr
     assert [p["status"] for p in json.loads(run.stdout)["pods"]] == ["Scheduled"]
-
-
-def test_objects_that_default_spreading_reads_are_ignored_with_what_it_means(tmp_path):
-    """A Service (what kube-scheduler's default spread constraints take their selector from) is
-    ignored with a warning that says those constraints are not applied."""
-    service = "\n    apiVersion: v1\n    kind: Service\n    metadata: {name: web}\n    spec: {selector: {app: web}}\n    ---"
-    run = simulate(tmp_path, node("n1") + service + pod("p", cpu="100m"), "-o", "json")
-    assert run.returncode == 0, run.stderr
-    assert "ignoring object of kind 'Service'" in run.stderr and "default constraints" in run.stderr
 
 
 # ------------------------------------------------------------------ how files are read, as kubectl

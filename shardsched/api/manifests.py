@@ -30,17 +30,17 @@ import yaml
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, WorkloadSelector, workload_selector_of
 from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
                                        pod_problems)
 from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
-SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget")
-#: the kinds whose selectors upstream's default spreading reads (helper.DefaultSelector)
-SPREAD_SELECTOR_KINDS = ("Service", "ReplicationController", "ReplicaSet", "StatefulSet")
+SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget") + SPREAD_SELECTOR_KINDS
 _DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1",
-                        "PodDisruptionBudget": "policy/v1"}
+                        "PodDisruptionBudget": "policy/v1", "Service": "v1", "ReplicationController": "v1",
+                        "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1"}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
 
@@ -73,6 +73,8 @@ class Manifests:
             PreemptLowerPriority).
         default_priority: value of the globalDefault PriorityClass, else 0.
         pdbs: valid PodDisruptionBudget objects (raw dicts) with their location.
+        spread_selectors: valid Services, ReplicationControllers, ReplicaSets and StatefulSets (raw
+            dicts) with their location: their selectors are PodTopologySpread's default selectors.
         namespace_labels: Namespace name -> its labels, with ``kubernetes.io/metadata.name`` set as
             the API server sets it (read by pod affinity's ``namespaceSelector``).
         errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
@@ -86,6 +88,7 @@ class Manifests:
     preemption_policies: dict[str, str] = field(default_factory=dict)
     default_priority: int = 0
     pdbs: list[tuple[str, dict]] = field(default_factory=list)
+    spread_selectors: list[tuple[str, dict]] = field(default_factory=list)
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -273,7 +276,9 @@ def _problems(kind: str, obj: dict) -> list[tuple[str, str]]:
 
 
 def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
-    """Read Node, Pod, PriorityClass and Namespace objects from files (other kinds are ignored with a warning).
+    """Read Node, Pod, PriorityClass, Namespace and PodDisruptionBudget objects, and the Services,
+    ReplicationControllers, ReplicaSets and StatefulSets whose selectors default spreading reads,
+    from files (other kinds are ignored with a warning).
 
     Args:
         paths: manifest files, read in this order.
@@ -291,7 +296,7 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     rng = random.Random(seed)
     seen: dict[str, dict[str, str]] = {kind: {} for kind in SUPPORTED_KINDS}
     namespaced = lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"  # noqa: E731
-    keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced}
+    keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced, **{k: namespaced for k in SPREAD_SELECTOR_KINDS}}
     for raw_path in paths:
         path = Path(raw_path)
         out.seq.setdefault(str(path), len(out.seq))
@@ -329,10 +334,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.error(where, "object has no kind: every object needs apiVersion and kind (kind: Pod, Node, ...)")
                 continue
             if kind not in SUPPORTED_KINDS:
-                why = (f"; PodTopologySpread's default constraints, which kube-scheduler derives from a {kind} "
-                       "selecting the pods, are not applied" if kind in SPREAD_SELECTOR_KINDS else "")
                 out.warnings.append(f"{where}: ignoring object of kind {kind!r} (only {', '.join(SUPPORTED_KINDS)} "
-                                    f"are used){why}")
+                                    "are used)")
                 continue
             if not obj.get("apiVersion"):
                 obj = {**obj, "apiVersion": _DEFAULT_API_VERSION[kind]}
@@ -372,6 +375,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.nodes.append((where, obj))
             elif kind == "PodDisruptionBudget":
                 out.pdbs.append((where, obj))
+            elif kind in SPREAD_SELECTOR_KINDS:
+                out.spread_selectors.append((where, obj))
             else:
                 out.pods.append((where, obj))
     return out
@@ -397,6 +402,14 @@ def parse_pdbs(m: Manifests) -> list[PodDisruptionBudget]:
     """PodDisruptionBudget views of the valid PDBs; invalid ones (a malformed selector or status)
     are appended to ``m.errors``."""
     return _parse(m, m.pdbs, "PodDisruptionBudget", PodDisruptionBudget.from_object)
+
+
+def parse_spread_selectors(m: Manifests) -> list[WorkloadSelector]:
+    """The selectors of the valid Services, ReplicationControllers, ReplicaSets and StatefulSets;
+    invalid ones (a malformed ``spec.selector``) are appended to ``m.errors``."""
+    return [w for kind in SPREAD_SELECTOR_KINDS
+            for w in _parse(m, [(where, o) for where, o in m.spread_selectors if o["kind"] == kind], kind,
+                            workload_selector_of)]
 
 
 def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:

@@ -20,6 +20,7 @@ from shardsched.api.podaffinity import (PodAffinity, SpreadConstraint, parse_pod
                                         parse_spread_constraints)
 from shardsched.api.quantity import PODS, parse_resource_list
 from shardsched.api.requests import nonzero_requests, pod_requests
+from shardsched.api.workloads import controller_of
 from shardsched.errors import InvalidObjectError
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -411,6 +412,9 @@ class PodInfo:
         nominated_node_name: the node the coordinator chose for this pod over the whole cluster,
             for a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``):
             the shard places the pod there or hands it back. Not read from the object.
+        controller: (kind, name) of its controller when it is a ReplicationController, ReplicaSet
+            or StatefulSet (`shardsched.api.workloads.controller_of`): PodTopologySpread's default
+            constraints read that object's selector.
         signature: hash of everything that decides where the pod can go and how nodes score for it;
             pods with the same signature share cached Filter/Score results.
     """
@@ -444,6 +448,7 @@ class PodInfo:
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     preempted: bool = False
     nominated_node_name: str = ""
+    controller: tuple[str, str] | None = None
     signature: str = ""
     obj: dict = field(default_factory=dict, repr=False)
 
@@ -578,6 +583,7 @@ class PodInfo:
             start_time_s=parse_time(status.get("startTime"), "status.startTime"),
             grace_period_s=grace,
             preempted=preempted,
+            controller=controller_of(meta),
             obj=obj,
         )
         info.signature = info.compute_signature()
@@ -610,6 +616,7 @@ class PodInfo:
             None if self.pod_affinity.empty else self.pod_affinity.key,
             repr(self.spread_constraints) if self.spread_constraints else None,
             self.nominated_node_name,
+            self.controller,  # PodTopologySpread's default constraints read its selector
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
 

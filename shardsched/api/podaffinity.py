@@ -342,6 +342,35 @@ class SpreadConstraint:
     node_taints_policy: str = "Ignore"
 
 
+def _merge_match_label_keys(selector: LabelSelector, keys: list[str], labels: Mapping[str, str],
+                            path: str) -> LabelSelector:
+    """A constraint's selector with its ``matchLabelKeys`` merged as the API server merges them on
+    create (MatchLabelKeysInPodTopologySpreadSelectorMerge, on by default since v1.34): ``key In
+    (the pod's value)`` appended for each key the pod has, unless the selector holds that very
+    requirement already (a pod the API server merged); then validated as the API server validates
+    the merged constraint (``ValidateMatchLabelKeysAndMismatchLabelKeys``): a key of
+    ``matchLabelKeys`` may occur once in the selector, as a matchExpression.
+
+    Raises: `InvalidObjectError` at ``path[j]``: a key that is not a qualified name, or a key of
+        ``matchLabelKeys`` in matchLabels and matchExpressions, or twice in matchExpressions.
+    """
+    index: dict[str, int] = {}
+    extra: list[LabelRequirement] = []
+    for j, k in enumerate(keys):
+        _check_key(k, f"{path}[{j}]")
+        index[k] = j
+        req = (k, "In", (labels[k],)) if k in labels else None
+        if req is not None and req not in selector.match_expressions and req not in extra:
+            extra.append(req)
+    merged = selector.with_requirements(tuple(extra))
+    seen = {k for k, _ in merged.match_labels}
+    for k, _, _ in merged.match_expressions:
+        if k in index and k in seen:
+            raise InvalidObjectError(f"{k!r} exists in both matchLabelKeys and labelSelector", f"{path}[{index[k]}]")
+        seen.add(k)
+    return merged
+
+
 def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[SpreadConstraint, ...]:
     """``spec.topologySpreadConstraints`` of a pod with ``labels``, validated as the API server does.
 
@@ -349,7 +378,8 @@ def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[Spr
         InvalidObjectError: maxSkew < 1, an empty or invalid topologyKey, an unknown
             whenUnsatisfiable or node inclusion policy, minDomains < 1 or with ScheduleAnyway,
             matchLabelKeys without a labelSelector or naming a key the selector has, two
-            constraints with the same topologyKey and whenUnsatisfiable.
+            constraints with the same topologyKey and whenUnsatisfiable (``matchLabelKeys``: see
+            `_merge_match_label_keys`).
     """
     if items is None:
         return ()
@@ -390,17 +420,8 @@ def parse_spread_constraints(items: Any, labels: Mapping[str, str]) -> tuple[Spr
             raise InvalidObjectError("matchLabelKeys must be a list of label keys", f"{path}.matchLabelKeys")
         if keys and selector is None:
             raise InvalidObjectError("must not be specified when labelSelector is not set", f"{path}.matchLabelKeys")
-        extra = []
-        for j, k in enumerate(keys):
-            _check_key(k, f"{path}.matchLabelKeys[{j}]")
-            assert selector is not None
-            if any(k == key_ for key_, _ in selector.match_labels) or any(k == r[0] for r in selector.match_expressions):
-                raise InvalidObjectError(f"{k!r} exists in both matchLabelKeys and labelSelector",
-                                         f"{path}.matchLabelKeys[{j}]")
-            if k in labels:
-                extra.append((k, "In", (labels[k],)))
         if selector is not None:
-            selector = selector.with_requirements(tuple(extra))
+            selector = _merge_match_label_keys(selector, keys, labels, f"{path}.matchLabelKeys")
         out.append(SpreadConstraint(skew, key, when, selector, min_domains,
                                     policies[0] or "Honor", policies[1] or "Ignore"))
     return tuple(out)

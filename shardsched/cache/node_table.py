@@ -21,6 +21,7 @@ import numpy as np
 from shardsched.api.objects import ContainerPort, NodeInfo, PodInfo, Taint
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, AffinityTerm, LabelSelector, PodAffinity
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+from shardsched.api.workloads import SpreadSelectors, WorkloadKey, WorkloadSelector
 
 _INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
 _LOG_LIMIT = 1 << 16
@@ -107,6 +108,8 @@ class NodeTable:
         self.orphans: dict[str, dict[str, PodUsage]] = {}
         #: namespace -> labels, for namespaceSelector (a namespace not listed has only its name label)
         self.namespace_labels: dict[str, dict[str, str]] = {}
+        #: the Services and workloads whose selectors PodTopologySpread's default constraints read
+        self.spread_selectors = SpreadSelectors()
         # pods counted on nodes, by namespace and by (namespace, label key, value): uids
         self._ns_pods: dict[str, set[str]] = {}
         self._label_pods: dict[tuple[str, str, str], set[str]] = {}
@@ -120,8 +123,8 @@ class NodeTable:
         #: grouped by term: pods stamped from one template share one entry.
         self.term_slots: dict[tuple[str, int, AffinityTerm], np.ndarray] = {}
         self._term_pods: dict[tuple[str, int, AffinityTerm], int] = {}  # pods per entry of term_slots
-        #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed, or a
-        #: namespace's labels change (`set_namespaces`)
+        #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed, a
+        #: namespace's labels change (`set_namespaces`) or a spread selector does (`set_spread_selectors`)
         self.affinity_generation = 0
         self.static_generation = 0
         self._all_have: dict[tuple[int, int], bool] = {}
@@ -427,6 +430,20 @@ class NodeTable:
             for name in removed:
                 if self.namespace_labels.pop(name, None) is not None:
                     changed = True
+        if changed:
+            self.affinity_generation += 1
+        return changed
+
+    def set_spread_selectors(self, upserts: Iterable[WorkloadSelector] = (), removed: Iterable[WorkloadKey] = (),
+                             replace: bool = False) -> bool:
+        """Services, ReplicationControllers, ReplicaSets and StatefulSets created or changed, and the
+        keys of those deleted; ``replace``: ``upserts`` is the whole set (a relist)
+        (`SpreadSelectors.apply`).
+
+        Returns True if a selector changed; then ``affinity_generation`` moves, since the pods a
+        pod's default spread constraints count may be others now.
+        """
+        changed = self.spread_selectors.apply(upserts, removed, replace)
         if changed:
             self.affinity_generation += 1
         return changed

@@ -243,8 +243,8 @@ class _TopologySpreadConstraint(ConfigModel):
 
 class PodTopologySpreadArgs(PluginArgs):
     """Args of PodTopologySpread (upstream ``PodTopologySpreadArgs``): the cluster-level default
-    constraints. Validated as upstream; not applied (they take their selector from the Services
-    and workloads selecting a pod, which shardsched does not read; see the plugin's docstring).
+    constraints, for pods without constraints of their own, with the selector of the Services and
+    workloads selecting the pod (`shardsched.plugins.podtopologyspread`). Validated as upstream.
 
     Attributes:
         default_constraints: constraints for pods that have none (``List`` only).

@@ -34,7 +34,8 @@ from typing import Callable
 
 import dataclasses
 
-from shardsched.api.manifests import ManifestError, parse_nodes, parse_pdbs, parse_pods, read_manifests
+from shardsched.api.manifests import (ManifestError, parse_nodes, parse_pdbs, parse_pods, parse_spread_selectors,
+                                      read_manifests)
 from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
@@ -205,6 +206,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     manifests = read_manifests(paths, seed)
     table = NodeTable()
     table.namespace_labels.update(manifests.namespace_labels)
+    table.set_spread_selectors(parse_spread_selectors(manifests))
     nodes = parse_nodes(manifests)
     table.add_nodes(nodes)
     pods = parse_pods(manifests)

@@ -20,21 +20,29 @@ scores ``round(sum over constraints of count(domain) * log(domains + 2) + maxSke
 NormalizeScore gives ``100 * (max + min - score) / max`` (100 for all when max is 0): fewer matching
 pods score higher.
 
-Not applied: the cluster-level default constraints (``defaultConstraints``, and kube's system
-defaults), which upstream derives from the Services, ReplicaSets, StatefulSets and
-ReplicationControllers selecting the pod; shardsched does not read those objects, so a pod without
-constraints of its own is not spread (as upstream when no such object selects it).
+Default constraints (upstream's ``buildDefaultConstraints``): a pod without constraints of its own
+gets the profile's (``PodTopologySpreadArgs``: ``defaultingType: System``, the default, gives kube's
+system defaults, ``kubernetes.io/hostname`` maxSkew 3 and ``topology.kubernetes.io/zone`` maxSkew 5,
+both ScheduleAnyway; ``List`` gives ``defaultConstraints``), each with the selector built from the
+Services, ReplicationControllers, ReplicaSets and StatefulSets that select the pod
+(`shardsched.api.workloads`, kept in `NodeTable.spread_selectors`); none when that selector is
+empty. A default constraint's own ``matchLabelKeys`` change nothing (upstream replaces the
+selector they were merged into). With the system defaults a node without a constraint's key is
+not ignored when scoring (upstream's ``requireAllTopologies``): it scores by the constraints whose
+key it has, and the nodes without the key form one more domain in the zone weight.
 
 With ``partial_view`` (a shard of the sharded runtime sees only its own nodes), the global minimum
 cannot be known: a pod with a DoNotSchedule constraint (`needs_cluster_view`) is placed on the node
 the coordinator nominated for it over the whole cluster (``PodInfo.nominated_node_name``) if the
 node has the constraints' keys (the skew is the coordinator's decision), and refused at PreFilter
 without one (UnschedulableAndUnresolvable, saying so); ScheduleAnyway
-constraints are scored over the shard's nodes.
+constraints are scored over the shard's nodes. A profile whose ``List`` defaults have a
+DoNotSchedule constraint needs the whole cluster for every pod without constraints of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +59,7 @@ from shardsched.plugins.helper.node_selector import selector_mask, terms_mask
 
 NAME = "PodTopologySpread"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 ERR_REASON_CONSTRAINTS_NOT_MATCH = "node(s) didn't match pod topology spread constraints"
 ERR_REASON_NODE_LABEL_NOT_MATCH = ERR_REASON_CONSTRAINTS_NOT_MATCH + " (missing required label)"
 _FILTER_KEY = NAME + "/preFilter"
@@ -59,6 +68,9 @@ _DO_NOT_SCHEDULE, _SCHEDULE_ANYWAY = "DoNotSchedule", "ScheduleAnyway"
 #: the global minimum when no domain is eligible (upstream's math.MaxInt32): every skew is within
 _NO_MINIMUM = 2**31 - 1
 _TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+#: upstream's systemDefaultConstraints (their selector is the pod's default selector)
+SYSTEM_DEFAULT_CONSTRAINTS = (SpreadConstraint(3, HOSTNAME_LABEL, _SCHEDULE_ANYWAY, None),
+                              SpreadConstraint(5, ZONE_LABEL, _SCHEDULE_ANYWAY, None))
 
 
 def partial_view_message() -> str:
@@ -94,9 +106,11 @@ def _tolerates(table: NodeTable, pod: PodInfo) -> np.ndarray:
     return ok_per_set[table.taint_set_id[: table.n]]
 
 
-def _included(table: NodeTable, pod: PodInfo, constraints: tuple[SpreadConstraint, ...]) -> list[np.ndarray]:
-    """Per constraint, bool array of shape (n,): the nodes that count for it (module docstring)."""
-    base = _all_keys(table, constraints)
+def _included(table: NodeTable, pod: PodInfo, constraints: tuple[SpreadConstraint, ...],
+              require_all: bool = True) -> list[np.ndarray]:
+    """Per constraint, bool array of shape (n,): the nodes that count for it (module docstring);
+    ``require_all`` False (system defaults): nodes need not have every constraint's key."""
+    base = _all_keys(table, constraints) if require_all else table.valid[: table.n]
     everything = slice(0, table.n)
     affinity = taints = None
     out = []
@@ -137,17 +151,35 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
     normalizes = True
     topology = True
 
-    def __init__(self, partial_view: bool = False) -> None:
+    def __init__(self, partial_view: bool = False, default_constraints: tuple[SpreadConstraint, ...] = (),
+                 system_defaulted: bool = False) -> None:
         self.partial_view = partial_view
+        self.default_constraints = default_constraints
+        self.system_defaulted = system_defaulted
+        self._hard_defaults = any(c.when_unsatisfiable == _DO_NOT_SCHEDULE for c in default_constraints)
 
-    @staticmethod
-    def needs_cluster_view(pod: PodInfo) -> str | None:
+    def needs_cluster_view(self, pod: PodInfo) -> str | None:
         """What of the pod a shard cannot check from its own nodes (module docstring), or None."""
-        return "topology spread constraints with whenUnsatisfiable DoNotSchedule" if pod.hard_topology_spread else None
+        if pod.hard_topology_spread or (self._hard_defaults and not pod.spread_constraints):
+            return "topology spread constraints with whenUnsatisfiable DoNotSchedule"
+        return None
+
+    def constraints(self, pod: PodInfo, table: NodeTable, action: str) -> tuple[SpreadConstraint, ...]:
+        """The pod's constraints of ``action`` (DoNotSchedule or ScheduleAnyway): its own, or when it
+        has none the default ones with its default selector (module docstring)."""
+        if pod.spread_constraints:
+            return tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == action)
+        defaults = tuple(c for c in self.default_constraints if c.when_unsatisfiable == action)
+        if not defaults:
+            return ()
+        selector = table.spread_selectors.default_selector(pod.namespace, pod.labels, pod.controller)
+        if selector is None:
+            return ()
+        return tuple(dataclasses.replace(c, selector=selector) for c in defaults)
 
     # ------------------------------------------------------------------ filter
     def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
-        hard = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _DO_NOT_SCHEDULE)
+        hard = self.constraints(pod, table, _DO_NOT_SCHEDULE)
         if not hard:
             return Status.skip()
         if self.partial_view:
@@ -206,16 +238,18 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
 
     # ------------------------------------------------------------------ score
     def pre_score(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
-        soft = tuple(c for c in pod.spread_constraints if c.when_unsatisfiable == _SCHEDULE_ANYWAY)
+        soft = self.constraints(pod, table, _SCHEDULE_ANYWAY)
         if not soft:
             return Status.skip()
         feasible = state.get(FEASIBLE_NODES_KEY)
         if feasible is None:
             feasible = table.valid[: table.n]
-        scored = feasible & _all_keys(table, soft)
+        # upstream's requireAllTopologies: only the system defaults score nodes without every key
+        require_all = bool(pod.spread_constraints) or not self.system_defaulted
+        scored = feasible & _all_keys(table, soft) if require_all else feasible
         n_scored = int(scored.sum())
         parts = []
-        for c, included in zip(soft, _included(table, pod, soft)):
+        for c, included in zip(soft, _included(table, pod, soft, require_all)):
             per_slot = _matching_per_slot(table, pod, c)
             if c.topology_key == HOSTNAME_LABEL:
                 parts.append((c, per_slot, math.log(n_scored + 2)))
@@ -223,8 +257,10 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
             counts, _ = _per_domain(table, c.topology_key, per_slot, included)
             _, candidate = _per_domain(table, c.topology_key, per_slot, scored)
             codes = table.topology_codes(c.topology_key)
+            # a scored node without the key is in upstream's domain "" (it only widens the weight)
+            domains = int(candidate.sum()) + int(bool((scored & (codes < 0)).any()))
             parts.append((c, np.where(scored, counts[np.where(codes >= 0, codes, 0)] if counts.size else 0, 0),
-                          math.log(int(candidate.sum()) + 2)))
+                          math.log(domains + 2)))
         state.write(_SCORE_KEY, (scored, parts))
         return Status.success()
 
@@ -248,7 +284,16 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
         return np.where(counted, MAX_NODE_SCORE * (high + low - raw) // high, 0).astype(np.int64)
 
 
+def _default_constraint(c: Any) -> SpreadConstraint:
+    """A ``defaultConstraints`` entry (validated args) as a `SpreadConstraint` without a selector."""
+    return SpreadConstraint(c.max_skew, c.topology_key, c.when_unsatisfiable, None, c.min_domains,
+                            c.node_affinity_policy or "Honor", c.node_taints_policy or "Ignore")
+
+
 def new(args: Any = None, partial_view: bool = False) -> PodTopologySpread:
-    """Factory; ``args`` (`PodTopologySpreadArgs`) only selects default constraints, which are not
-    applied (module docstring)."""
-    return PodTopologySpread(partial_view)
+    """Factory; ``args`` (`PodTopologySpreadArgs`, None for upstream's defaults) selects the default
+    constraints: ``defaultingType: System`` kube's `SYSTEM_DEFAULT_CONSTRAINTS`, ``List`` its
+    ``defaultConstraints`` (module docstring)."""
+    if args is None or args.defaulting_type == "System":
+        return PodTopologySpread(partial_view, SYSTEM_DEFAULT_CONSTRAINTS, system_defaulted=True)
+    return PodTopologySpread(partial_view, tuple(map(_default_constraint, args.default_constraints)))
