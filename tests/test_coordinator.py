@@ -515,7 +515,8 @@ def test_zone_affinity_and_anti_affinity_across_shards(ledger):
     assert zones_of(world, "follower") == {db_zone: 4}
     assert sorted(zones_of(world, "solo").values()) == [1, 1, 1]
     assert world.coordinator.unschedulable_reasons() == {
-        "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules.": 1}
+        "0/6 nodes are available: 6 node(s) didn't match pod anti-affinity rules. preemption: 0/6 nodes are "
+        "available: 6 No preemption victims found for incoming pod..": 1}
 
 
 def test_a_nominated_node_that_no_longer_fits_is_replaced(ledger):

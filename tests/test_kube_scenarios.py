@@ -569,7 +569,8 @@ def test_namespace_selector_follows_the_namespaces_labels(backend, run_scheduler
     wait_for(lambda: pod_scheduled(backend, "shy") is not None, what="PodScheduled condition")
     c = pod_scheduled(backend, "shy")
     assert (c["status"], c["reason"]) == ("False", "Unschedulable")
-    assert c["message"] == "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+    assert c["message"] == ("0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules. preemption: "
+                            "0/2 nodes are available: 2 No preemption victims found for incoming pod..")
     assert not node_of(backend, "shy")
     backend.relabel_namespace(ns, {"team": "retired"})
     wait_for(lambda: bool(node_of(backend, "shy")), 20, "the pod bound once its guards' namespace was relabelled")

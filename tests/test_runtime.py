@@ -133,7 +133,8 @@ def test_an_over_full_cluster_reports_the_surplus_as_unschedulable(redis_server)
         reasons = d.ask(d.coordinator.unschedulable_reasons)
         tracked = set(d.ask(d.coordinator.pending_keys))
 
-    message = "0/20 nodes are available: 20 Insufficient cpu."
+    message = ("0/20 nodes are available: 20 Insufficient cpu. preemption: 0/20 nodes are available: 20 No "
+               "preemption victims found for incoming pod..")
     assert inv["pods_bound"] == 40 and len(unbound) == 10
     assert inv["overcommitted_nodes"] == [] and inv["admission_rejections"] == 0 and inv["double_binds"] == 0
     assert status["unschedulable"] == status["pending"] == 10
@@ -216,10 +217,11 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
         reasons = d.ask(d.coordinator.unschedulable_reasons)
         tracked = set(d.ask(d.coordinator.pending_keys))
 
+    not_helpful = " preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling.."
     message = ("0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
-               "does not implement (plugin VolumeBinding).")
+               "does not implement (plugin VolumeBinding)." + not_helpful)
     dra_message = ("0/4 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), which "
-                   "shardsched does not implement (plugin DynamicResources).")
+                   "shardsched does not implement (plugin DynamicResources)." + not_helpful)
     dra_key = f"default/{dra['metadata']['name']}"
     assert pods[plain["metadata"]["name"]]["spec"].get("nodeName")
     assert pods["anti1"]["spec"].get("nodeName") and pods["anti2"]["spec"].get("nodeName")
@@ -313,7 +315,8 @@ def test_shardsched_run_json_contract(tmp_path):
     assert_invariants(data)
     # 20 nodes of 8 CPU and 110 pods each hold 160 pods of 1 CPU: the rest is unschedulable
     assert (data["pods_total"], data["pods_bound"], data["pods_unschedulable"], data["pods_pending"]) == (200, 160, 40, 0)
-    assert data["unschedulable_reasons"] == {"0/20 nodes are available: 20 Insufficient cpu.": 40}
+    assert data["unschedulable_reasons"] == {"0/20 nodes are available: 20 Insufficient cpu. preemption: 0/20 nodes "
+                                             "are available: 20 No preemption victims found for incoming pod..": 40}
     assert (data["shards"], data["nodes"]) == (2, 20)
     assert data["conflicts"] >= 0 and data["requeues"] >= 40
     assert data["wall_s"] > 0 and data["peak_rss_bytes"] > 0 and data["throughput_pods_per_s"] > 0

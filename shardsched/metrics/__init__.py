@@ -111,6 +111,17 @@ class ShardMetrics:
             PREFIX + "shard_batch_size", "Pods per scheduling batch.", buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
             registry=r)
         self.nodes = Gauge(PREFIX + "shard_nodes", "Nodes owned by the shard.", registry=r)
+        # kube-scheduler's preemption metrics (the coordinator's: it preempts over the whole cluster)
+        self.preemption_attempts = Counter(
+            PREFIX + "scheduler_preemption_attempts_total", "Total preemption attempts in the cluster till now",
+            registry=r)
+        self.preemption_victims = Histogram(
+            PREFIX + "scheduler_preemption_victims", "Number of selected preemption victims",
+            buckets=tuple(2**i for i in range(7)), registry=r)
+        self.preemption_evaluation = Histogram(
+            PREFIX + "scheduler_preemption_evaluation_duration_seconds",
+            "Latency of one preemption evaluation (DefaultPreemption's PostFilter over the whole cluster), seconds.",
+            buckets=ATTEMPT_BUCKETS, registry=r)
 
     def samples(self) -> list[tuple[str, str, str, list[tuple[str, dict, float]]]]:
         """Plain snapshot (picklable): [(family name, type, help, [(sample name, labels, value)])]."""

@@ -99,7 +99,7 @@ class LedgerPlugin(ReservePlugin, PermitPlugin, PostBindPlugin):
     def reserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
         s = self.shard
         tokens = state.read(LEASES_KEY)
-        items = [ReserveItem(p.uid, n, tokens[p.uid], p.requests) for p, n in zip(pods, nodes)]
+        items = [ReserveItem(p.uid, n, tokens[p.uid], p.requests, p.priority) for p, n in zip(pods, nodes)]
         t0 = time.perf_counter()
         results = s.ledger.reserve(s.member, s.epoch, items, s.options.reservation_ttl_ms)
         s.metrics.ledger_calls.labels("reserve").observe(time.perf_counter() - t0)

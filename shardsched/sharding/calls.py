@@ -193,9 +193,22 @@ class ClusterClient:
     def list_namespaces(self) -> Reply[tuple[list[dict], int]]:
         return self.channel.send(ClusterBackend.list_namespaces)
 
+    def list_pdbs(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_pdbs)
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None,
                      limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:
         return self.channel.send(ClusterBackend.events_since, rv, kinds, limit)
+
+    def delete_pod(self, namespace: str, name: str, uid: str | None,
+                   grace_period_s: int | None) -> Reply[Any]:
+        return self.channel.send(ClusterBackend.delete_pod, namespace, name, uid, grace_period_s)
+
+    def set_disruption_target(self, namespace: str, name: str, scheduler_name: str) -> Reply[bool]:
+        return self.channel.send(ClusterBackend.set_disruption_target, namespace, name, scheduler_name)
+
+    def set_nominated_node_name(self, namespace: str, name: str, node_name: str) -> Reply[bool]:
+        return self.channel.send(ClusterBackend.set_nominated_node_name, namespace, name, node_name)
 
     def bind_many(self, bindings: Sequence[Binding | tuple]) -> Reply[list[BindResult]]:
         return self.channel.send(ClusterBackend.bind_many, bindings)

@@ -28,6 +28,9 @@ key                        type    content
 ``P resv:<name>``          hash    pod uid -> reservation ``[shard, token, requests]`` (JSON)
 ``P rexp:<name>``          zset    pod uid scored by reservation expiry (server ms), for sweeping
 ``P bound:<name>``         hash    pod uid -> requests of a bound pod counted in ``u:``
+``P nom:<name>``           hash    pod uid -> a preemptor's nomination on the node
+                                   ``[priority, requests, victim uids, expiry]`` (JSON,
+                                   `nominate`): held against pods of lower or equal priority
 ``P binding``              zset    shard id scored by the expiry (server ms) of its "binds in
                                    flight" mark (`mark_binding`), which the Event and condition
                                    writers of every process yield to
@@ -72,7 +75,7 @@ _SCRIPTS = (
     "node_upsert", "node_remove", "set_owners",
     "lease_acquire", "lease_renew", "lease_release",
     "reserve", "permit", "commit", "release", "observe", "forget", "reconcile", "sweep",
-    "binding_mark", "binding_any",
+    "binding_mark", "binding_any", "nominate", "nominate_renew", "unnominate",
 )
 _OBSERVE_MOVED = 7  # observe.lua: the pod's reservation is on a node whose keys were not passed
 _OBSERVE_ATTEMPTS = 5
@@ -122,9 +125,26 @@ class ReservationRef:
 @dataclass(frozen=True, slots=True)
 class ReserveItem(ReservationRef):
     """A pod to reserve on ``node`` with lease ``token``; ``requests`` in canonical units
-    (``pods: 1`` is always counted, whatever the mapping says)."""
+    (``pods: 1`` is always counted, whatever the mapping says); ``priority`` decides which
+    nominations on the node count against it (those of equal or higher priority)."""
 
     requests: Mapping[str, int]
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NominateResult:
+    """Outcome of `Ledger.nominate`: ``code`` OK, INSUFFICIENT (``resource`` names the first that
+    does not fit once the victims are gone) or NODE_UNKNOWN; ``dropped``, the uids of the
+    lower-priority nominations the node no longer holds (their preemptors lose their nomination)."""
+
+    code: ReserveCode
+    resource: str = ""
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.code is ReserveCode.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +303,9 @@ class Ledger:
     def _pod_key(self, uid: str) -> str:
         return f"{self.prefix}pod:{uid}"
 
+    def _nom_key(self, node: str) -> str:
+        return f"{self.prefix}nom:{node}"
+
     def _node_keys(self, nodes: Sequence[str]) -> list[str]:
         p = self.prefix
         return [key for n in nodes for key in (f"{p}node:{n}", f"{p}resv:{n}", f"{p}rexp:{n}", f"{p}bound:{n}")]
@@ -410,6 +433,10 @@ class Ledger:
         them). Then the reservation is recorded with expiry server-now + ``ttl_ms``.
         Expired reservations of the batch's nodes are swept first.
 
+        Nominations (`nominate`) of other pods whose priority is at least ``item.priority`` count
+        on their node as usage (upstream ``RunFilterPluginsWithNominatedPods``): the room a
+        preemption freed goes to its preemptor, not to a pod of lower or equal priority.
+
         Idempotent: a pod already reserved on that node by ``shard`` with that token is OK again
         (its expiry refreshed). A pod's reservation on another node is not released by this call.
 
@@ -423,8 +450,9 @@ class Ledger:
         nodes = list(dict.fromkeys(it.node for it in items))
         index = {n: j for j, n in enumerate(nodes, 1)}
         keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(it.uid) for it in items]
-        keys += self._node_keys(nodes)
-        pods = [[it.uid, index[it.node], str(int(it.token)), _encode_resources(it.requests, pod=True)] for it in items]
+        keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
+        pods = [[it.uid, index[it.node], str(int(it.token)), _encode_resources(it.requests, pod=True), int(it.priority)]
+                for it in items]
         flat = json.loads(self._scripts["reserve"](keys=keys, args=[shard, int(epoch), ttl_ms, _json([nodes, pods])]))
         return [ReserveResult(it.uid, it.node, ReserveCode(flat[2 * i]), flat[2 * i + 1]) for i, it in enumerate(items)]
 
@@ -477,6 +505,61 @@ class Ledger:
         Returns: uid -> RELEASED or NOT_FOUND.
         """
         return self._per_pod("release", list(refs))
+
+    # Nominations (preemption)
+
+    @_translate_errors
+    def nominate(self, uid: str, node: str, priority: int, requests: Mapping[str, int],
+                 victims: Sequence[str], ttl_ms: int) -> NominateResult:
+        """Hold a preemptor's requests on its nominated node (kube's ``status.nominatedNodeName``)
+        for ``ttl_ms`` ms of server time: `reserve` then counts them for every other pod of equal or
+        lower priority. The ledger arbitrates between preemptors: the nomination is refused
+        (INSUFFICIENT) unless used - (the requests of the victims of every nomination on the node,
+        these ``victims`` included, still counted bound there) + reserved + (the other nominations
+        of priority >= ``priority``) + ``requests`` <= allocatable for every resource. On success
+        the node's nominations of lower priority are dropped (upstream clears them) and named in
+        the result; a nomination of ``uid`` already there is replaced. One Redis call.
+
+        Call it before deleting the victims: a refused nomination deletes nothing.
+        """
+        _check_ttl(ttl_ms)
+        keys = self._node_keys([node]) + [self._nom_key(node)]
+        code, detail, dropped = json.loads(self._scripts["nominate"](
+            keys=keys, args=[uid, int(priority), _encode_resources(requests, pod=True), _json(list(victims)), ttl_ms]))
+        return NominateResult(ReserveCode(code), detail, tuple(dropped) if isinstance(dropped, list) else ())
+
+    @_translate_errors
+    def renew_nominations(self, nominations: Mapping[str, str], ttl_ms: int) -> set[str]:
+        """Extend nominations (uid -> node) to server-now + ``ttl_ms``. Returns the uids renewed;
+        the others are gone (expired, dropped for a preemptor of higher priority, or lost with a
+        Redis restart)."""
+        _check_ttl(ttl_ms)
+        if not nominations:
+            return set()
+        nodes = list(dict.fromkeys(nominations.values()))
+        index = {n: j for j, n in enumerate(nodes, 1)}
+        pods = [[uid, index[node]] for uid, node in nominations.items()]
+        done = json.loads(self._scripts["nominate_renew"](keys=[self._nom_key(n) for n in nodes],
+                                                          args=[ttl_ms, _json(pods)]))
+        return {uid for uid, d in zip(nominations, done) if d}
+
+    @_translate_errors
+    def unnominate(self, nominations: Mapping[str, str]) -> dict[str, LedgerCode]:
+        """Clear nominations (uid -> node): the preemptor bound, was deleted, or its nomination
+        was cleared. Idempotent. Returns: uid -> RELEASED or NOT_FOUND."""
+        if not nominations:
+            return {}
+        nodes = list(dict.fromkeys(nominations.values()))
+        index = {n: j for j, n in enumerate(nodes, 1)}
+        pods = [[uid, index[node]] for uid, node in nominations.items()]
+        codes = json.loads(self._scripts["unnominate"](keys=[self._nom_key(n) for n in nodes], args=[_json(pods)]))
+        return {uid: LedgerCode(c) for uid, c in zip(nominations, codes)}
+
+    @_translate_errors
+    def nominations(self, node: str) -> dict[str, int]:
+        """The node's nominations: uid -> priority (expired ones included until dropped). For tests
+        and audits."""
+        return {_text(uid): int(json.loads(raw)[0]) for uid, raw in self.client.hgetall(self._nom_key(node)).items()}
 
     # The cluster's truth
 

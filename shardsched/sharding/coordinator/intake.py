@@ -1,7 +1,8 @@
 """Watch intake: the cluster's list and watch applied to the coordinator's state.
 
-List, then events from the list's resourceVersion; relist on 410 Gone. Namespaces, nodes and pods
-change the table, the shard map and the tracked pods, and go to the shards that need them; pods
+List, then events from the list's resourceVersion; relist on 410 Gone. PodDisruptionBudgets are
+kept for preemption (`CoordinatorState.pdbs`; one that does not parse is logged and left out).
+Namespaces, nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
 bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the shard that
 owns their node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
 of the profiles pass their profile's PreEnqueue plugins first: a pod with ``spec.schedulingGates``
@@ -19,11 +20,13 @@ from typing import Any, Iterable, Mapping
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.cache.node_table import PodUsage
+from shardsched.cluster import ADDED, PDB, apply_pdb_events
 from shardsched.errors import InvalidObjectError
 from shardsched.queue import GATED
 from shardsched.sharding.coordinator.events import fail_pod, mark_gated
 from shardsched.sharding.coordinator.ledger_sync import LedgerSync
 from shardsched.sharding.coordinator.nominator import unnominate
+from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.partition import assign_new, repartition
 from shardsched.sharding.coordinator.state import CoordinatorState
 from shardsched.sharding.calls import RemoteUnavailable
@@ -73,9 +76,10 @@ def namespace_labels(objs: Iterable[dict]) -> dict[str, dict[str, str]]:
 class Intake:
     """Applies the cluster's list and watch to ``state``; writes to the ledger through ``ledger_sync``."""
 
-    def __init__(self, state: CoordinatorState, ledger_sync: LedgerSync) -> None:
+    def __init__(self, state: CoordinatorState, ledger_sync: LedgerSync, preemption: Preemption) -> None:
         self.state = state
         self.ledger_sync = ledger_sync
+        self.preemption = preemption
 
     def relist(self) -> Changes:
         """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
@@ -95,6 +99,9 @@ class Intake:
         state.table.add_nodes(infos)
         namespaces, _ = state.cluster.list_namespaces().wait()
         state.table.set_namespaces(namespace_labels(namespaces), replace=True)
+        pdbs, _ = state.cluster.list_pdbs().wait()
+        state.pdbs.clear()
+        apply_pdb_events(state.pdbs, [(ADDED, obj) for obj in pdbs])
         self.ledger_sync.instance = state.ledger.instance_id()  # the Redis the map is written to
         gone = repartition(state, infos)
         for s in state.shards:
@@ -126,6 +133,9 @@ class Intake:
         node_events = [(e.type, e.object) for e in events if e.kind == "Node"]
         pod_events = [(e.type, e.object) for e in events if e.kind == "Pod"]
         namespace_events = [(e.type, e.object) for e in events if e.kind == "Namespace"]
+        pdb_events = [(e.type, e.object) for e in events if e.kind == PDB]
+        if pdb_events:
+            apply_pdb_events(state.pdbs, pdb_events)
         if namespace_events:
             self._apply_namespaces(namespace_events)
         if node_events:
@@ -211,6 +221,7 @@ class Intake:
         new: dict[str, PodInfo] = {}
         observe: list[BoundPod] = []
         forget: dict[str, str] = {}
+        preemptors_done: list[str] = []  # bound or gone: their nominations leave the ledger
         adds: dict[int, list] = defaultdict(list)
         removes: dict[int, list[str]] = defaultdict(list)
         unqueue: dict[int, list[str]] = defaultdict(list)
@@ -224,6 +235,8 @@ class Intake:
             if typ == "DELETED" or (node and terminal):
                 new.pop(uid, None)
                 unnominate(state, uid)
+                if uid in state.preempting:
+                    preemptors_done.append(uid)
                 if typ == "DELETED":
                     state.invalid.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name')}", None)
                 old = state.bound_on.pop(uid, None)
@@ -247,6 +260,8 @@ class Intake:
                 new.pop(uid, None)
                 state.gated.pop(uid, None)
                 unnominate(state, uid)  # its assume gives way to the truth
+                if uid in state.preempting:
+                    preemptors_done.append(uid)
                 if state.bound_on.get(uid) == node:
                     continue
                 t = state.pending.pop(uid, None)
@@ -289,6 +304,7 @@ class Intake:
                 new.pop(uid, None)
         self.ledger_sync.owe_pods(observe, forget)
         self.ledger_sync.flush()
+        self.preemption.forget(preemptors_done)
         for index, items in adds.items():
             state.shards[index].client.apply_bound(items, [])
         for index, uids in removes.items():

@@ -4,7 +4,8 @@ Each step, under the state lock: the watch intake (`Intake.poll`) applies what t
 and returns the pending pods first seen, the router (`router.route`) sends them to shards, the
 rebalancer (`Rebalancer.rebalance`) decides for the pods shards handed back, and the scaler routes
 again the pods of removed shards whose fate did not arrive (`Scaler.sweep_limbo`). Outside the lock,
-in a thread of their own: shard health (`Health.check`) and ledger sync (`LedgerSync.check`); and
+in a thread of their own: shard health (`Health.check`), ledger sync (`LedgerSync.check`) and the
+renewal of the preemptors' nominations in the ledger (`Preemption.renew`); and
 every autoscaler period, the autoscaler (`Scaler.autoscale`). Each step logs its own errors and the
 loop goes on.
 """
@@ -25,6 +26,7 @@ from shardsched.sharding.coordinator import router
 from shardsched.sharding.coordinator.health import Health
 from shardsched.sharding.coordinator.intake import Changes, Intake
 from shardsched.sharding.coordinator.ledger_sync import LedgerSync
+from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.rebalancer import Rebalancer
 from shardsched.sharding.coordinator.scaling import Scaler
 from shardsched.sharding.coordinator.state import CoordinatorState, ShardRef
@@ -53,7 +55,7 @@ class Coordinator:
 
     Attributes:
         state: the shared state (`CoordinatorState`).
-        intake, rebalancer, ledger_sync, health, scaler: the jobs.
+        intake, rebalancer, preemption, ledger_sync, health, scaler: the jobs.
         on_relist: called after every relist (start, 410 Gone), when the cluster has just been
             loaded: the hosts of a process of its own freeze it out of the collector there
             (`shardsched.gctune`).
@@ -70,8 +72,9 @@ class Coordinator:
         self.poll_s = poll_s
         self.state = CoordinatorState(config, ledger, cluster)
         self.ledger_sync = LedgerSync(self.state)
-        self.intake = Intake(self.state, self.ledger_sync)
-        self.rebalancer = Rebalancer(self.state)
+        self.preemption = Preemption(self.state)
+        self.intake = Intake(self.state, self.ledger_sync, self.preemption)
+        self.rebalancer = Rebalancer(self.state, self.preemption)
         self.health = Health(self.state, shard_factory, health_period_s, health_failures)
         self.scaler = Scaler(self.state, shard_factory, self.rebalancer)
         self.on_relist: Callable[[], None] | None = None
@@ -150,9 +153,15 @@ class Coordinator:
             try:
                 self.health.check()
                 self.ledger_sync.check()
+                self._renew_nominations()
             except Exception as e:  # noqa: BLE001 - the health loop never dies
                 self.state.last_error = f"health check: {type(e).__name__}: {e}"
                 log.exception("coordinator health check failed")
+
+    def _renew_nominations(self) -> None:
+        if self.state.preempting:
+            with self.state.lock:
+                self.preemption.renew()
 
     def stop(self) -> None:
         self._stop.set()
@@ -176,6 +185,7 @@ class Coordinator:
             self._last_health = time.monotonic()
             self.health.check()
             self.ledger_sync.check()
+            self._renew_nominations()
         if self.scaler.autoscale_due():
             self.scaler.autoscale()
         return busy
@@ -225,6 +235,7 @@ class Coordinator:
                 "gave_up": state.counters["gave_up"], "bound_seen": state.counters["bound"],
                 "routed": state.counters["routed"], "requeues": state.counters["requeues"],
                 "nominated": state.counters["nominated"], "nominated_pending": len(state.nominated),
+                "preemptions": state.counters["preemptions"], "victims": state.counters["victims"],
                 "invalid": len(state.invalid), "replaced_shards": self.health.replaced,
                 "ledger_rebuilds": self.ledger_sync.rebuilds, "last_error": state.last_error,
                 "scale_steps": len(self.scaler.scale_steps), "autoscaler": self.scaler.autoscaler is not None,

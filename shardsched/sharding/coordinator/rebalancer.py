@@ -3,7 +3,12 @@ this round; when none is left the round counts as one failed attempt: the pod ge
 ``PodScheduled=False`` (reason Unschedulable) and a FailedScheduling Event with kube's message over
 all nodes, and waits in the unschedulable pods of the shard with the most matching nodes. After
 ``maxSchedulingAttempts`` rounds a Warning event and the alert metric say so; the pod is still never
-dropped. A pod whose node is nominated over the whole cluster gets a new nomination instead."""
+dropped. A pod whose node is nominated over the whole cluster gets a new nomination instead.
+
+Before a round counts as failed, the pod's PostFilter plugins (DefaultPreemption) run over the whole
+cluster (`Preemption`): a pod that preempted waits, nominated, among the unschedulable pods of its
+node's owner; a preemptor handed back is decided afresh over the whole cluster at once (its victims
+may be gone, or it may need another node)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ from shardsched.api.objects import PodInfo
 from shardsched.queue import QueuedPodInfo
 from shardsched.scheduler.algorithm import ScheduleResult
 from shardsched.sharding.coordinator.events import record_unschedulable
-from shardsched.sharding.coordinator.nominator import cluster_decision, needs_cluster_view, nominate
+from shardsched.cache.node_table import PodUsage
+from shardsched.sharding.coordinator.nominator import cluster_decision, needs_cluster_view, nominate, unnominate
+from shardsched.sharding.coordinator.preemption import FITS, NOMINATED, WAITING, ERROR, Preemption
 from shardsched.sharding.coordinator.router import choose, shard_counts, slim
 from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, Handoff
@@ -26,8 +33,9 @@ class Rebalancer:
     """Takes the shards' hand-offs (from any thread) and decides where each pod goes next, in the
     coordinator's loop (`rebalance`)."""
 
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: CoordinatorState, preemption: Preemption | None = None) -> None:
         self.state = state
+        self.preemption = preemption or Preemption(state)
         self._inbox: list[tuple[int, list[Handoff]]] = []
         self._inbox_lock = threading.Lock()
 
@@ -60,6 +68,14 @@ class Rebalancer:
                     t.tried.clear()
                 elif h.reason != BIND_CONFLICT:  # a rejected bind says nothing about the shard's room
                     t.tried.add(shard)
+                if pod.uid in state.preempting:
+                    # a preemptor is pinned to its node: decided afresh over the whole cluster
+                    state.unroute(t.shard)
+                    t.tried.clear()
+                    h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
+                    _, static = shard_counts(state, h.qpi.pod_info)
+                    self._fail_round(t, h.qpi, None, static, shard, park, retry)
+                    continue
                 if needs_cluster_view(state, pod):
                     # its node is chosen here over the whole cluster, afresh after any failure
                     state.unroute(t.shard)
@@ -71,7 +87,7 @@ class Rebalancer:
                         continue
                     h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
                     _, static = shard_counts(state, h.qpi.pod_info)
-                    self._give_up_round(t, h.qpi, cluster_decision(state, h.qpi.pod_info), static, shard, park)
+                    self._fail_round(t, h.qpi, cluster_decision(state, h.qpi.pod_info), static, shard, park, retry)
                     continue
                 room, static = shard_counts(state, pod)
                 target = choose(state, room, static, exclude=t.tried)
@@ -92,7 +108,7 @@ class Rebalancer:
                     state.routed[target] += 1
                     retry[target].append(h.qpi)
                     continue
-                self._give_up_round(t, h.qpi, result, static, shard, park)
+                self._fail_round(t, h.qpi, result, static, shard, park, retry)
         for index, qpis in retry.items():
             state.shards[index].client.accept(qpis, False)
         for index, pods in forward.items():
@@ -101,11 +117,47 @@ class Rebalancer:
             state.shards[index].client.accept(qpis, True)
         return True
 
-    def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult, static: np.ndarray,
+    def _fail_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult | None, static: np.ndarray,
+                    shard: int, park: dict[int, list], retry: dict[int, list]) -> None:
+        """A round over the shards found no node (``failed``: the decision over the whole cluster,
+        None for a preemptor handed back): the PostFilter plugins over the whole cluster
+        (`Preemption.run`), then one failed attempt, or a retry where the pod fits now."""
+        state = self.state
+        pod = qpi.pod_info
+        if failed is not None and not self.preemption.has_post_filter(pod):
+            self._give_up_round(t, qpi, failed.status.message, static, shard, park)
+            return
+        unnominate(state, pod.uid)  # a preemptor's assume: it is decided afresh
+        out = self.preemption.run(pod, failed)
+        owner = state.owners.get(out.node) if out.node is not None else None
+        if out.node is not None and (owner is None or not state.shards[owner].alive):
+            out.kind, out.message = ERROR, out.message or f"node {out.node} has no live owner shard"
+        if out.kind == FITS and pod.uid not in state.preempting:
+            t.shard = owner
+            state.routed[owner] += 1
+            retry[owner].append(qpi)
+            return
+        if out.kind in (FITS, NOMINATED, WAITING):
+            # pinned to the node, assumed there in the whole-cluster table until it binds
+            state.table.add_pod(PodUsage.of(pod), out.node)
+            state.nominated[pod.uid] = out.node
+            qpi.pod_info = pod.nominated(out.node)
+            t.pod = t.pod.nominated(out.node)
+            if out.kind == FITS:
+                t.shard = owner
+                state.routed[owner] += 1
+                retry[owner].append(qpi)
+                return
+            static = np.zeros(len(state.shards), np.int64)
+            static[owner] = 1
+        self._give_up_round(t, qpi, out.message, static, shard, retry if out.kind == ERROR else park)
+
+    def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, message: str, static: np.ndarray,
                        shard: int, park: dict[int, list]) -> None:
-        """A round over the cluster found no node (``failed``: the decision over the whole
-        cluster): one failed attempt (kube's FailureHandler); the pod waits among the
-        unschedulable pods of the shard with most matching nodes."""
+        """A round over the cluster found no node (``message``: kube's, over the whole cluster):
+        one failed attempt (kube's FailureHandler); the pod waits among the unschedulable pods of
+        the shard with most matching nodes (``park``; or in its backoffQ when ``park`` is the
+        retries: a preemption's write failed)."""
         state = self.state
         t.rounds += 1
         t.unschedulable = True
@@ -114,5 +166,5 @@ class Rebalancer:
             target = next((s.index for s in state.shards if s.alive), shard)
         t.shard = target
         state.routed[target] += 1
-        record_unschedulable(state, t, failed.status.message)
+        record_unschedulable(state, t, message)
         park[target].append(qpi)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
@@ -32,6 +33,16 @@ class ShardRef:
     incarnation: int = 1
     failures: int = 0
     alive: bool = True
+
+
+@dataclass
+class Nomination:
+    """A preemptor's nomination (`shardsched.sharding.coordinator.preemption`): its node ("" once
+    cleared), and every pod deleted for it so far (uid -> key; any node, kept across nominations so
+    that no victim is deleted twice for the same preemptor)."""
+
+    node: str
+    victims: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,7 +71,11 @@ class CoordinatorState:
         rv: the watch's resourceVersion, where the next poll starts.
         pending: uid -> `Tracked`, every pending pod routed to a shard.
         bound_on: uid -> node of the bound pods counted in `table`.
-        nominated: uid -> node of pending pods assumed in `table` on their nominated node.
+        nominated: uid -> node of pending pods assumed in `table` on their nominated node (the
+            nominator's, and the preemptors' while they wait for their victims).
+        preempting: uid -> `Nomination` of the pods that preempted (their node, and
+            the victims deleted for them).
+        pdbs: ``namespace/name`` -> PodDisruptionBudget, from the watch (what preemption reads).
         routed: int64 array, shape (shards,): pods routed per shard and not yet bound.
         gated: uid -> pod key, pods a PreEnqueue plugin keeps out of the queue.
         invalid: pod key -> why it cannot be scheduled (bad spec).
@@ -80,6 +95,8 @@ class CoordinatorState:
         self.pending: dict[str, Tracked] = {}
         self.bound_on: dict[str, str] = {}
         self.nominated: dict[str, str] = {}
+        self.preempting: dict[str, Nomination] = {}
+        self.pdbs: dict[str, PodDisruptionBudget] = {}
         self.routed = np.zeros(0, np.int64)
         self.gated: dict[str, str] = {}
         self.invalid: dict[str, str] = {}

@@ -7,19 +7,22 @@
 -- KEYS[2+i]      pod hash of pod i            <prefix>pod:<uid>          (i = 1..n_pods)
 -- KEYS[2+n_pods+4(j-1)+1 .. +4]  node j:      <prefix>node:<name>, <prefix>resv:<name>,
 --                                             <prefix>rexp:<name>, <prefix>bound:<name>
+-- KEYS[2+n_pods+4*n_nodes+j]     node j's nominations  <prefix>nom:<name> (nominate.lua)
 -- ARGV[1]        shard id
 -- ARGV[2]        the caller's shard-map epoch (integer)
 -- ARGV[3]        ttl_ms: lifetime of the reservations, milliseconds of server time
 -- ARGV[4]        JSON [node names, pods]: node j's name at index j; pod i is
 --                [uid, node index j (1-based), lease token (decimal string),
---                 requests (resource list as a JSON string, including pods=1)]
+--                 requests (resource list as a JSON string, including pods=1), priority (integer)]
 --
 -- Per pod, the checks in order, and the returned code:
 --   2 LEASE_LOST    the pod's lease is not held by this shard with this token, or has expired
 --   3 FENCED        the node's owner is not this shard, or ARGV[2] is not the current epoch
 --   4 NODE_UNKNOWN  the node was never upserted (or was removed)
---   1 INSUFFICIENT  used + reserved + request > allocatable for a resource (detail: its name; the
---                   first in the list's order: pods, cpu, memory, ephemeral-storage, others)
+--   1 INSUFFICIENT  used + reserved + nominated + request > allocatable for a resource (detail: its
+--                   name; the first in the list's order: pods, cpu, memory, ephemeral-storage,
+--                   others); nominated = the requests of the node's live nominations of other pods
+--                   whose priority is >= the pod's (upstream RunFilterPluginsWithNominatedPods)
 --   0 OK            reserved: record {shard, token, requests} with expiry now + ttl_ms, add the
 --                   requests to "r:". Also OK when this shard already holds the reservation with
 --                   this token on this node (idempotent; the expiry is refreshed). A reservation of
@@ -45,8 +48,18 @@ flush_counters()
 
 -- Per node: whether this shard owns it at this epoch, and its counters as read now; the batch's
 -- own changes are pending (lib.lua) until the end.
-local owned, counters = {}, {}
+local owned, counters, noms = {}, {}, {}
 for j = 1, n_nodes do
+  local list = {}
+  local nflat = redis.call('HGETALL', KEYS[base + 4 * n_nodes + j])
+  for k = 1, #nflat, 2 do
+    local rec = cjson.decode(nflat[k + 1])
+    if tonumber(rec[4]) > now then
+      local _, amounts = decode_list(rec[2])
+      list[#list + 1] = {nflat[k], tonumber(rec[1]), amounts}
+    end
+  end
+  noms[j] = list
   owned[j] = epoch_ok and redis.call('HGET', KEYS[2], names[j]) == shard
   local flat = redis.call('HGETALL', (node_keys(base, j)))
   local values = {}
@@ -58,9 +71,18 @@ local function current(j, node_key, field)
   return (counters[j][field] or 0) + pending_change(node_key, field)
 end
 
+-- what the node's nominations of priority >= prio (other pods than uid) hold of a resource
+local function nominated(j, uid, prio, name)
+  local sum = 0
+  for _, n in ipairs(noms[j]) do
+    if n[1] ~= uid and n[2] >= prio then sum = sum + (n[3][name] or 0) end
+  end
+  return sum
+end
+
 local out = {}
 for i = 1, n_pods do
-  local uid, j, token, requests = unpack(pods[i])
+  local uid, j, token, requests, prio = unpack(pods[i])
   local pod_key = KEYS[2 + i]
   local node_key, resv_key, rexp_key = node_keys(base, j)
   local code, detail = 0, ''
@@ -83,7 +105,8 @@ for i = 1, n_pods do
       local res, amounts = decode_list(requests)
       for _, name in ipairs(res) do
         local used, reserved = current(j, node_key, 'u:' .. name), current(j, node_key, 'r:' .. name)
-        if used + reserved + amounts[name] > current(j, node_key, 'a:' .. name) then
+        local held = #noms[j] > 0 and nominated(j, uid, prio, name) or 0
+        if used + reserved + held + amounts[name] > current(j, node_key, 'a:' .. name) then
           code, detail = 1, name
           break
         end

@@ -1,0 +1,274 @@
+"""Preemption in the sharded runtime: kube's PostFilter (DefaultPreemption) for a pod that no shard
+could place, over the coordinator's table of the whole cluster, and what upstream's
+``prepareCandidate`` writes.
+
+When a pod's round over the shards ends without a node (`Rebalancer`), the coordinator runs the
+pod's profile over the whole cluster (every plugin, every node) and then its PostFilter plugins,
+with the PodDisruptionBudgets of the watch. Pods nominated before (assumed in the table, not bound)
+of lower priority than the pod do not count for it, and are never victims (upstream adds only
+nominated pods of equal or higher priority, `RunFilterPluginsWithNominatedPods`). When the plugin
+nominates a node:
+
+1. the nomination is recorded in the Redis ledger first (`Ledger.nominate`): the preemptor's
+   requests are held on the node for every pod of equal or lower priority, the shards' Reserve
+   included, so the room the victims leave goes to the preemptor; the ledger refuses it when
+   another preemptor holds the room (the second preemptor is re-evaluated after a backoff, nothing
+   is deleted for it); nominations of lower priority on the node are dropped and their pods'
+   ``status.nominatedNodeName`` cleared;
+2. each victim gets the ``DisruptionTarget`` condition, then is deleted with a uid precondition and
+   its own grace period, and a ``Preempted`` Event (``Preempted by pod <uid> on node <node>``); a
+   victim already gone (404) or re-created under its name (409) counts as gone; a victim is never
+   deleted twice for the same preemptor, nor one already terminating by a preemption (another
+   preemptor's victim, which kube's rules may choose again: it still holds its room);
+3. the preemptor's ``status.nominatedNodeName`` is written, it is assumed on the node in the
+   coordinator's table and waits, pinned to the node, among the unschedulable pods of the node's
+   owner shard, which retries it when the victims are gone (an assigned pod deleted).
+
+A victim that cannot be deleted (403 Forbidden, the API away) ends the attempt: the nomination is
+released, the pod is retried after a backoff with the error in its FailedScheduling message, and the
+victims deleted so far stay remembered. The nomination is released when the preemptor binds or is
+deleted (the watch), or when a later PostFilter clears it; it expires after `NOMINATION_TTL_MS`
+unless the coordinator renews it (`renew`, every health period).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+from shardsched.api.objects import PodInfo
+from shardsched.cluster import ApiError, Conflict, NotFound
+from shardsched.errors import TemporaryError
+from shardsched.framework.interface import PostFilterResult
+from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
+from shardsched.sharding.coordinator.nominator import unnominate
+from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
+
+log = logging.getLogger(__name__)
+
+#: lifetime of a nomination in the ledger without renewal: the coordinator renews it every health
+#: period; if the coordinator dies it frees the node after this long
+NOMINATION_TTL_MS = 60_000
+
+#: outcomes of `Preemption.run`
+FITS, NOMINATED, WAITING, FAILED, ERROR = "fits", "nominated", "waiting", "failed", "error"
+
+
+@dataclass
+class Outcome:
+    """What `Preemption.run` decided for one pod.
+
+    Attributes:
+        kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (victims deleted, the pod
+            nominated to ``node``), WAITING (not eligible while its victims terminate: it keeps its
+            nomination on ``node``), FAILED (no node can be freed; ``message`` has upstream's
+            ``preemption: ...`` part) or ERROR (a write failed; retry after a backoff).
+        node: the node for FITS, NOMINATED and WAITING.
+        message: the FailedScheduling message of the attempt.
+    """
+
+    kind: str
+    node: str | None = None
+    message: str = ""
+
+
+def cluster_scheduler(state: CoordinatorState, pod: PodInfo) -> GenericScheduler:
+    """The pod's profile over the whole cluster (`CoordinatorState.cluster_schedulers`)."""
+    return state.cluster_schedulers.get(pod.scheduler_name) or next(iter(state.cluster_schedulers.values()))
+
+
+def _split(key: str) -> tuple[str, str]:
+    ns, _, name = key.partition("/")
+    return (ns, name) if name else ("default", ns)
+
+
+class Preemption:
+    """The coordinator's preemption job over ``state`` (module docstring); call with the state lock
+    held."""
+
+    def __init__(self, state: CoordinatorState) -> None:
+        self.state = state
+
+    def has_post_filter(self, pod: PodInfo) -> bool:
+        return bool(cluster_scheduler(self.state, pod).framework.post_filter_plugins)
+
+    # ------------------------------------------------------------------ the decision
+    def run(self, pod: PodInfo, fallback: ScheduleResult | None) -> Outcome:
+        """One failed round's PostFilter for ``pod`` (without its nomination; the nomination it
+        holds, if any, is looked up here). ``fallback``: the round's failed decision, whose message
+        is kept when the profile has no PostFilter plugin."""
+        state = self.state
+        sched = cluster_scheduler(state, pod)
+        if not sched.framework.post_filter_plugins:
+            return Outcome(FAILED, None, fallback.status.message if fallback is not None else "")
+        held = state.preempting.get(pod.uid)
+        nominated = held.node if held is not None else ""
+        hidden = self._hide_nominated(pod)
+        try:
+            result = sched.schedule(pod, assume=False)
+            if result.node is not None:
+                return Outcome(FITS, result.node)
+            sched.pdbs = list(state.pdbs.values())
+            t0 = time.perf_counter()
+            pf = sched.post_filter(pod.nominated(nominated), result.status)
+            state.metrics.preemption_evaluation.observe(time.perf_counter() - t0)
+            state.metrics.preemption_attempts.inc()
+        finally:
+            for usage, node in hidden:
+                state.table.add_pod(usage, node)
+        d = result.status.diagnosis
+        message = d.message() if d is not None else result.status.message
+        if pf is None:
+            return Outcome(FAILED, None, message)
+        if not pf.status.is_success():
+            if pf.nominated_node is None and nominated:
+                return Outcome(WAITING, nominated, message)
+            self.clear(pod)
+            return Outcome(FAILED, None, message)
+        error = self._prepare(pod, pf)
+        if error:
+            return Outcome(ERROR, None, f"{message} {error}")
+        return Outcome(NOMINATED, pf.nominated_node, message)
+
+    def _hide_nominated(self, pod: PodInfo) -> list:
+        """Take out of the table the pod itself and the nominated pods of lower priority (upstream
+        counts only nominated pods of equal or higher priority, and never makes one a victim);
+        returns (usage, node) to put back."""
+        table = self.state.table
+        out = []
+        for uid, node in self.state.nominated.items():
+            slot = table.pod_slot.get(uid)
+            if slot is None:
+                continue
+            usage = table.pods[slot][uid]
+            if uid == pod.uid or usage.priority < pod.priority:
+                table.remove_pod(uid)
+                out.append((usage, node))
+        return out
+
+    # ------------------------------------------------------------------ the writes
+    def _prepare(self, pod: PodInfo, pf: PostFilterResult) -> str:
+        """Upstream ``prepareCandidate`` (module docstring, steps 1-3). Returns "" when done, else the
+        ``preemption: ...`` words of what failed."""
+        state = self.state
+        node = pf.nominated_node
+        held = state.preempting.get(pod.uid)
+        nom = Nomination(node, dict(held.victims) if held else {})
+        try:
+            res = state.ledger.nominate(pod.uid, node, pod.priority, pod.requests, [u.uid for u in pf.victims],
+                                        NOMINATION_TTL_MS)
+        except TemporaryError as e:
+            return f"preemption: the ledger is unavailable: {e}"
+        if not res.ok:
+            state.counters["nominations_refused"] += 1
+            return (f"preemption: node {node} is held for another preemptor "
+                    f"(insufficient {res.resource or 'room'} in the ledger once the victims are gone).")
+        if held is not None and held.node != node:
+            self._unnominate_ledger({pod.uid: held.node})
+        for uid in res.dropped:
+            self._clear_uid(uid, node)
+        deleted = 0
+        for u in pf.victims:
+            if u.uid in nom.victims or (u.deleting and u.preempted):  # already going: not deleted again
+                continue
+            error = self._delete_victim(pod, u.uid, u.key, node)
+            if error:
+                state.preempting[pod.uid] = replace(nom, node="")  # remembered, nominated nowhere
+                self._unnominate_ledger({pod.uid: node})
+                return error
+            nom.victims[u.uid] = u.key
+            deleted += 1
+        state.metrics.preemption_victims.observe(len(pf.victims))
+        state.counters["preemptions"] += 1
+        state.counters["victims"] += deleted
+        state.preempting[pod.uid] = nom
+        self._write_nominated_node_name(pod, node)
+        return ""
+
+    def _delete_victim(self, pod: PodInfo, uid: str, key: str, node: str) -> str:
+        """DisruptionTarget, then delete with a uid precondition, then the Preempted Event; marks it
+        terminating by a preemption in the table. Returns "" or why it failed."""
+        state = self.state
+        ns, name = _split(key)
+        try:
+            state.cluster.set_disruption_target(ns, name, pod.scheduler_name).wait()
+            state.cluster.delete_pod(ns, name, uid, None).wait()
+        except (NotFound, Conflict) as e:  # gone already, or re-created under its name: leave it
+            log.info("preemption victim %s (uid %s) already gone: %s", key, uid, e)
+        except (ApiError, TemporaryError) as e:
+            log.warning("preemption of %s for %s failed: %s", key, pod.key, e)
+            state.counters["victim_delete_errors"] += 1
+            return f"preemption: could not delete victim {key} on node {node}: {type(e).__name__}: {e}"
+        state.cluster.record_event({"kind": "Pod", "namespace": ns, "name": name, "uid": uid}, "Normal",
+                                   "Preempted", f"Preempted by pod {pod.uid} on node {node}")
+        slot = state.table.pod_slot.get(uid)
+        if slot is not None:
+            usage = state.table.remove_pod(uid)
+            state.table.add_pod(replace(usage, deleting=True, preempted=True), node)
+        return ""
+
+    def _write_nominated_node_name(self, pod: PodInfo, node: str) -> None:
+        try:
+            self.state.cluster.set_nominated_node_name(pod.namespace, pod.name, node).wait()
+        except (ApiError, TemporaryError) as e:  # the pod deleted meanwhile: the watch forgets it
+            log.warning("status.nominatedNodeName of %s not written: %s", pod.key, e)
+
+    # ------------------------------------------------------------------ releases
+    def clear(self, pod: PodInfo) -> None:
+        """Clear the pod's nomination (a PostFilter that found no node): the ledger's, the API's
+        ``status.nominatedNodeName``; the victims stay remembered. Safe for any pod."""
+        held = self.state.preempting.get(pod.uid)
+        if held is None or not held.node:
+            return
+        self._unnominate_ledger({pod.uid: held.node})
+        held.node = ""
+        self._write_nominated_node_name(pod, "")
+
+    def _clear_uid(self, uid: str, node: str) -> None:
+        """A lower-priority preemptor lost its nomination on ``node`` to a new one (the ledger
+        dropped it): clear it here and in the API; it is re-evaluated at its next attempt."""
+        held = self.state.preempting.get(uid)
+        t = self.state.pending.get(uid)
+        if held is None or held.node != node:
+            return
+        held.node = ""
+        unnominate(self.state, uid)
+        if t is not None:
+            self._write_nominated_node_name(t.pod, "")
+
+    def forget(self, uids: list[str]) -> None:
+        """Preemptors bound or deleted (the watch): their nominations leave the ledger."""
+        gone = {}
+        for uid in uids:
+            held = self.state.preempting.pop(uid, None)
+            if held is not None and held.node:
+                gone[uid] = held.node
+        self._unnominate_ledger(gone)
+
+    def renew(self) -> None:
+        """Extend the live nominations in the ledger; one lost (a Redis restart) is recorded again
+        (and may be refused: its preemptor is then re-evaluated at its next attempt). Call with the
+        state lock held."""
+        state = self.state
+        live = {uid: n.node for uid, n in state.preempting.items() if n.node}
+        if not live:
+            return
+        try:
+            renewed = state.ledger.renew_nominations(live, NOMINATION_TTL_MS)
+            for uid in set(live) - renewed:
+                t = state.pending.get(uid)
+                held = state.preempting[uid]
+                if t is None or not state.ledger.nominate(uid, held.node, t.pod.priority, t.pod.requests,
+                                                          list(held.victims), NOMINATION_TTL_MS).ok:
+                    held.node = ""
+        except TemporaryError as e:
+            state.last_error = f"nominations not renewed: {e}"
+
+    def _unnominate_ledger(self, nominations: dict[str, str]) -> None:
+        if not nominations:
+            return
+        try:
+            self.state.ledger.unnominate(nominations)
+        except TemporaryError as e:  # they expire (NOMINATION_TTL_MS)
+            self.state.last_error = f"nominations not released: {e}"
