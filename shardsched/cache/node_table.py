@@ -13,6 +13,7 @@ Two counters let callers cache per-signature results:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -22,6 +23,7 @@ from shardsched.api.objects import ContainerPort, NodeInfo, PodInfo, Taint
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, AffinityTerm, LabelSelector, PodAffinity
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.workloads import SpreadSelectors, WorkloadKey, WorkloadSelector
+from shardsched.cache.devices import DEVICES_ANNOTATION, DeviceColumns, DeviceRequest, device_request, node_devices, parse_devices
 
 _INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
 _LOG_LIMIT = 1 << 16
@@ -49,12 +51,25 @@ class PodUsage:
     priority: int = 0
     start_time_s: float | None = None
     preempted: bool = False
+    #: the GPU devices it asks for (`shardsched.cache.devices.device_request`; None: no GPU) and the
+    #: indices of the devices it holds on its node (() before the table picks them)
+    gpu: DeviceRequest | None = None
+    devices: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, pod: PodInfo) -> "PodUsage":
+    def of(cls, pod: PodInfo, devices: tuple[int, ...] | None = None) -> "PodUsage":
+        """A pod's usage; ``devices``: the devices chosen for it (None: those of its
+        `DEVICES_ANNOTATION`, if any; the table picks them when there are none)."""
+        try:
+            gpu = device_request(pod.requests)
+        except ValueError:
+            gpu = None  # the GPUDevice plugin's PreFilter rejects such a pod; counted by its sums only
+        if devices is None:
+            devices = parse_devices(((pod.obj.get("metadata") or {}).get("annotations") or {}).get(DEVICES_ANNOTATION)) \
+                if gpu is not None and isinstance(pod.obj, dict) else ()
         return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
                    pod.namespace, pod.labels, pod.deleting, pod.pod_affinity, pod.priority, pod.start_time_s,
-                   pod.preempted)
+                   pod.preempted, gpu, tuple(devices))
 
 
 #: kinds of the terms of counted pods in `NodeTable.term_slots`
@@ -95,6 +110,8 @@ class NodeTable:
         self.nonzero_requested = np.zeros((2, self.capacity), np.int64)
         self.valid = np.zeros(self.capacity, bool)
         self.unschedulable = np.zeros(self.capacity, bool)
+        #: the GPU devices of each slot (`shardsched.cache.devices`)
+        self.devices = DeviceColumns(self.capacity)
         self.label_codes: dict[str, np.ndarray] = {}
         self.label_vocab: dict[str, dict[str, int]] = {}
         self.taint_set_id = np.zeros(self.capacity, np.int32)
@@ -151,6 +168,7 @@ class NodeTable:
         self.nonzero_requested = grow2(self.nonzero_requested)
         self.valid, self.unschedulable = grow1(self.valid), grow1(self.unschedulable)
         self.taint_set_id = grow1(self.taint_set_id)
+        self.devices.grow(cap)
         for k, col in self.label_codes.items():
             self.label_codes[k] = grow1(col, -1)
         for k, counts in self._label_counts.items():
@@ -233,6 +251,13 @@ class NodeTable:
         for name, value in node.allocatable.items():
             row = self.resource_row(name)  # may grow self.alloc: index it afterwards
             self.alloc[row, slot] = value
+        count, model, memory = node_devices(node.allocatable, node.labels)
+        used: dict[int, int] = {}
+        for u in self.pods[slot].values() if slot < len(self.pods) else ():
+            if u.gpu is not None:
+                for i in u.devices:
+                    used[i] = used.get(i, 0) + u.gpu.milli
+        self.devices.set_node(slot, count, model, memory, used)
         self.static_generation += 1
 
     def add_node(self, node: NodeInfo) -> int:
@@ -300,6 +325,7 @@ class NodeTable:
         self.requested[:, slot] = 0
         self.nonzero_requested[:, slot] = 0
         self.used_ports.pop(slot, None)
+        self.devices.clear(slot)
         self._free_slots.append(slot)
         self.static_generation += 1
         self._touch(slot)
@@ -315,7 +341,9 @@ class NodeTable:
         self.static_generation += 1
 
     # ------------------------------------------------------------------ pods
-    def _add_usage(self, slot: int, u: PodUsage) -> None:
+    def _add_usage(self, slot: int, u: PodUsage) -> PodUsage:
+        if u.gpu is not None:
+            u = self._place_devices(slot, u)
         for name, value in u.requests.items():
             row = self.resource_row(name)  # may grow self.requested: index it afterwards
             self.requested[row, slot] += value
@@ -327,6 +355,20 @@ class NodeTable:
         self.pod_slot[u.uid] = slot
         self._index(slot, u, 1)
         self._touch(slot)
+        return u
+
+    def _place_devices(self, slot: int, u: PodUsage) -> PodUsage:
+        """Take the devices of a GPU pod: its own if they fit, else the table's best fit, else (a
+        pod bound by someone else that does not fit: the cluster's truth is counted anyway) the
+        devices with the most free. Returns the usage with the devices it holds."""
+        dev, req = self.devices, u.gpu
+        devices = u.devices if dev.fits(slot, u.devices, req) else dev.pick(slot, req)
+        if not devices:
+            n = int(dev.count[slot])
+            order = np.argsort(-dev.free[slot, :n], kind="stable")
+            devices = tuple(int(i) for i in order[: req.count])
+        dev.take(slot, devices, req.milli)
+        return u if devices == u.devices else dataclasses.replace(u, devices=tuple(devices))
 
     def _index(self, slot: int, u: PodUsage, delta: int) -> None:
         """Add (delta 1) or remove (-1) a counted pod in the label and term indexes."""
@@ -389,6 +431,8 @@ class NodeTable:
             return None
         u = self.pods[slot].pop(uid)
         self._index(slot, u, -1)
+        if u.gpu is not None:
+            self.devices.take(slot, u.devices, -u.gpu.milli)
         for name, value in u.requests.items():
             self.requested[self.res_index[name], slot] -= value
         self.nonzero_requested[0, slot] -= u.nonzero_cpu_milli
@@ -401,6 +445,11 @@ class NodeTable:
                 self.used_ports.pop(slot, None)
         self._touch(slot)
         return u
+
+    def devices_of(self, uid: str) -> tuple[int, ...]:
+        """Indices of the GPU devices a counted pod holds on its node (() for none)."""
+        slot = self.pod_slot.get(uid)
+        return () if slot is None else self.pods[slot][uid].devices
 
     def node_of(self, uid: str) -> str | None:
         """Name of the node a pod is counted on, or None."""

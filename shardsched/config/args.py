@@ -328,6 +328,38 @@ class DefaultPreemptionArgs(PluginArgs):
         return self
 
 
+class TypicalPodSpec(ConfigModel):
+    """One typical pod shape of GPUDevice's FGD strategies: CPU, devices, weight (a count)."""
+
+    cpu_milli: int = Field(0, ge=0)
+    gpu_count: int = Field(0, ge=0)
+    gpu_milli: int = Field(0, ge=0, le=1000)
+    gpu_models: list[str] = Field(default_factory=list)
+    weight: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> "TypicalPodSpec":
+        if (self.gpu_count == 0) != (self.gpu_milli == 0):
+            fail("gpuCount and gpuMilli are both 0 (no GPU) or both set", "gpuMilli")
+        if self.gpu_count > 1 and self.gpu_milli != 1000:
+            fail("more than one device is whole devices: gpuMilli 1000", "gpuMilli")
+        return self
+
+
+class GPUDeviceArgs(PluginArgs):
+    """Args of GPUDevice (`shardsched.plugins.gpudevice`, docs/gpu.md).
+
+    Attributes:
+        scoring_strategy: ``FGD`` (default), ``FGDBestFit``, ``BestFit``, ``Packing``, ``DotProd``
+            or ``Random``.
+        typical_pods: the workload the FGD strategies measure fragmentation against; empty: the
+            shapes of the pods the plugin scores, learned as they come.
+    """
+
+    scoring_strategy: Literal["FGD", "FGDBestFit", "BestFit", "Packing", "DotProd", "Random"] = "FGD"
+    typical_pods: list[TypicalPodSpec] = Field(default_factory=list)
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "InterPodAffinity": InterPodAffinityArgs,
@@ -337,6 +369,7 @@ ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "NodeAffinity": NodeAffinityArgs,
     "NodeLabel": NodeLabelArgs,
     "DefaultPreemption": DefaultPreemptionArgs,
+    "GPUDevice": GPUDeviceArgs,
 }
 
 

@@ -44,6 +44,8 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "DefaultBinder": ("bind",),
     # kube v1.22's, removed upstream in v1.23: the worked example of docs/plugins.md, not in the defaults
     "NodeLabel": ("filter", "score"),
+    # shardsched's own: per-device GPU fit and fragmentation-aware scores (docs/gpu.md), not in the defaults
+    "GPUDevice": ("preFilter", "filter", "preScore", "score"),
 }
 SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 

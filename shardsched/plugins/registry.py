@@ -15,6 +15,7 @@ from shardsched.framework.interface import Plugin
 from shardsched.framework.runtime import Registry
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
 from shardsched.plugins.defaultpreemption import plugin as defaultpreemption
+from shardsched.plugins.gpudevice import plugin as gpudevice
 from shardsched.plugins.interpodaffinity import plugin as interpodaffinity
 from shardsched.plugins.nodeaffinity import plugin as nodeaffinity
 from shardsched.plugins.nodelabel import plugin as nodelabel
@@ -45,6 +46,7 @@ REGISTRY: dict[str, Factory] = {
     balanced_allocation.NAME: balanced_allocation.new,
     defaultbinder.NAME: defaultbinder.new,
     nodelabel.NAME: nodelabel.new,
+    gpudevice.NAME: gpudevice.new,
 }
 
 #: plugins whose Filter needs every node of the cluster and its pods; their factories also take
@@ -75,4 +77,5 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     balanced_allocation.NAME: ("preScore", "score"),
     defaultbinder.NAME: ("bind",),
     nodelabel.NAME: ("filter", "score"),
+    gpudevice.NAME: ("preFilter", "filter", "preScore", "score"),
 }

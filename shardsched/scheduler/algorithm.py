@@ -47,11 +47,14 @@ class ScheduleResult:
     Attributes:
         node: chosen node name, or None when the pod is unschedulable.
         status: Success, or Unschedulable with the kube-style ``0/N nodes are available: ...`` message.
+        devices: the GPU devices taken on ``node`` (indices in the node's order; () for none),
+            as the profile's GPUDevice plugin chose them, else the table's best fit.
     """
 
     pod: PodInfo
     node: str | None
     status: Status
+    devices: tuple[int, ...] = ()
 
     @property
     def scheduled(self) -> bool:
@@ -148,9 +151,27 @@ class GenericScheduler:
         # what `_compute` and `_update` did not count (cache look-ups, selection) counts as Score
         duration = self.duration_s
         duration[SCORE] += time.perf_counter() - t0 - (duration[FILTER] + duration[SCORE] - counted)
-        if assume and result.node is not None:
-            table.add_pod(PodUsage.of(pod), result.node)
+        if result.node is not None:
+            result.devices = self._devices(pod, result.node)
+            if assume:
+                table.add_pod(PodUsage.of(pod, result.devices), result.node)
         return result
+
+    def _devices(self, pod: PodInfo, node: str) -> tuple[int, ...]:
+        """The GPU devices ``pod`` takes on ``node``: the profile's device chooser's (a score
+        plugin with ``choose_devices``, GPUDevice), else the table's best fit; () for no GPU."""
+        table = self.table
+        slot = table.index[node]
+        usage = PodUsage.of(pod)
+        if usage.gpu is None:
+            return ()
+        for ws in self.framework.score_plugins:
+            choose = getattr(ws.plugin, "choose_devices", None)
+            if choose is not None:
+                devices = choose(pod, table, slot)
+                if devices:
+                    return devices
+        return table.devices.pick(slot, usage.gpu)
 
     def feasible_mask(self, pod: PodInfo) -> tuple[np.ndarray, np.ndarray]:
         """(static_ok, feasible): bool arrays over table slots [0, n). ``static_ok``: the nodes that
