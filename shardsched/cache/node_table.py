@@ -24,6 +24,7 @@ from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, Af
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.workloads import SpreadSelectors, WorkloadKey, WorkloadSelector
 from shardsched.cache.devices import DEVICES_ANNOTATION, DeviceColumns, DeviceRequest, device_request, node_devices, parse_devices
+from shardsched.cache.pod_columns import PodColumns
 
 _INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
 _LOG_LIMIT = 1 << 16
@@ -121,6 +122,7 @@ class NodeTable:
         self.used_ports: dict[int, list[ContainerPort]] = {}
         self.pods: list[dict[str, PodUsage]] = []
         self.pod_slot: dict[str, int] = {}
+        self._pod_columns: PodColumns | None = None
         #: pods bound to a node the table has not seen yet: node name -> {uid: usage}
         self.orphans: dict[str, dict[str, PodUsage]] = {}
         #: namespace -> labels, for namespaceSelector (a namespace not listed has only its name label)
@@ -450,6 +452,14 @@ class NodeTable:
         """Indices of the GPU devices a counted pod holds on its node (() for none)."""
         slot = self.pod_slot.get(uid)
         return () if slot is None else self.pods[slot][uid].devices
+
+    def pod_columns(self) -> PodColumns:
+        """The counted pods as rows of arrays (`PodColumns`, what DefaultPreemption's vectorized
+        search reads), brought up to date with the nodes whose pods changed since the last call."""
+        if self._pod_columns is None:
+            self._pod_columns = PodColumns(self)
+        self._pod_columns.sync()
+        return self._pod_columns
 
     def node_of(self, uid: str) -> str | None:
         """Name of the node a pod is counted on, or None."""

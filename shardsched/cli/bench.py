@@ -16,6 +16,7 @@ def bench() -> None:
 
     \b
     decision   the decision path alone (Filter/Score/select/assume), one process
+    preemption DefaultPreemption's PostFilter alone, vectorized and per node, one process
     field      the field report's table: kube-like baseline, single, batch-10, batch-auto, shards-N
     perf       kube-scheduler's scheduler_perf workloads, with their throughput thresholds
     scaling    throughput and P99 vs nodes and shards, pods/s vs batch size
@@ -66,6 +67,42 @@ def decision(nodes: int, pods: int, distinct: int, repeat: int, seed: int, confi
                 why = f" ({mod.BY_CONSTRUCTION[plugins]})" if plugins in mod.BY_CONSTRUCTION else ""
                 console.print(f"  {n:,} by {plugins}{why}", highlight=False)
     console.print(f"peak RSS of this process: {peak / 2**20:.0f} MiB")
+
+
+@bench.command()
+@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True,
+              help="Nodes (4 CPU / 32Gi, 4 pods of priority 0 on each, as scheduler_perf's PreemptionBasic).")
+@click.option("--repeat", type=click.IntRange(1), default=200, show_default=True,
+              help="Decisions per pod on the vectorized path; the mean is reported.")
+@click.option("--per-node-repeat", type=click.IntRange(1), default=3, show_default=True,
+              help="Decisions per pod on the per-node path (slow).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the search's random offset.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def preemption(nodes: int, repeat: int, per_node_repeat: int, seed: int, config_path: str | None, output: str) -> None:
+    """CPU time of one DefaultPreemption PostFilter, vectorized and per node.
+
+    \b
+    no-fit:     priority 10, 9 CPU: lower-priority pods everywhere, no node big enough;
+    no-victims: priority 0, 3 CPU: nothing of lower priority anywhere;
+    preempts:   priority 10, 3 CPU: every node a candidate (PreemptionBasic's preemptor).
+    """
+    from shardsched.bench import preemption as mod
+    from shardsched.bench.harness import machine
+
+    started = machine()
+    results = mod.run(nodes, repeat, per_node_repeat, seed, config_path)
+    if output == "json":
+        click.echo(json.dumps({"machine": started, "results": [r.to_json() for r in results]}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"DefaultPreemption PostFilter, {nodes} nodes, {nodes * mod.PODS_PER_NODE} pods, one process")
+    for col in ("pod", "path", "decisions", "PostFilter CPU", "attempt CPU", "outcome"):
+        table.add_column(col, justify="left" if col in ("pod", "path", "outcome") else "right")
+    for r in results:
+        table.add_row(r.pod, r.path, str(r.decisions), f"{r.cpu_ms:.3f} ms", f"{r.attempt_cpu_ms:.3f} ms", r.outcome)
+    output_console().print(table)
 
 
 def _output_options(f):

@@ -113,6 +113,31 @@ class FilterPlugin(PreFilterPlugin):
         the failure path."""
         return np.full(len(slots), self.unresolvable)
 
+    def resource_check(self, state: CycleState) -> "ResourceCheck | None":
+        """For a Filter that checks nothing but ``allocatable - requested >= request`` on some
+        resources (NodeResourcesFit): what it checks for this pod, read from ``state`` after its
+        PreFilter; None for every other Filter. DefaultPreemption's vectorized search checks
+        these itself, over all nodes at once."""
+        return None
+
+    def passes_without_pods(self, pod: PodInfo) -> bool:
+        """True when removing pods from a node can never make this Filter reject ``pod`` there if
+        it passes there now (a static plugin; host ports; pod anti-affinity; the topology spread
+        skew). DefaultPreemption's vectorized search then needs this Filter's result only as it is
+        now; for a plugin that says False it runs the Filters node by node. Default: ``static``."""
+        return self.static
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceCheck:
+    """What a resource Filter checks for a pod (`FilterPlugin.resource_check`): for each ``i``,
+    ``allocatable[rows[i]] - requested[rows[i]] >= requests[i]`` (NodeTable rows, canonical
+    units), failing with ``reasons[i]`` (``Insufficient cpu``, ``Too many pods``)."""
+
+    rows: tuple[int, ...]
+    requests: tuple[int, ...]
+    reasons: tuple[str, ...]
+
 
 class ScorePlugin(Plugin):
     static: ClassVar[bool] = False
@@ -217,6 +242,12 @@ class PostFilterHandle(Protocol):
         """PreFilter then Filter of the profile for ``pod`` on the node at ``slot`` (kube's
         ``RunFilterPluginsWithNominatedPods`` over the table's pods): Success, or the first
         rejection with its reasons, its code and the plugin's name."""
+        ...
+
+    def pre_filter(self, pod: PodInfo) -> tuple[CycleState, list[FilterPlugin], Status]:
+        """The profile's PreFilter plugins for ``pod`` over the table as it is now: the cycle
+        state, the Filter plugins that take part (not skipped, in the order `filter_node` runs
+        them) and Success, or the first rejection with the plugin's name."""
         ...
 
 

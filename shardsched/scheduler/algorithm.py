@@ -184,20 +184,30 @@ class GenericScheduler:
             return empty, empty
         return entry.static_ok, entry.final >= 0
 
-    def filter_node(self, pod: PodInfo, slot: int) -> Status:
-        """PreFilter then Filter of the profile for ``pod`` on one node (slot), over the table as it
-        is now, uncached (`PostFilterHandle.filter_node`): Success, or the first rejection (the
-        PreFilter's, or the first failing Filter's reasons with its code and name)."""
+    def pre_filter(self, pod: PodInfo) -> tuple[CycleState, list[FilterPlugin], Status]:
+        """The profile's PreFilter plugins for ``pod`` over the table as it is now, uncached
+        (`PostFilterHandle.pre_filter`): the cycle state, the Filter plugins not skipped (profile
+        order), and Success or the first rejection with its code and the plugin's name."""
         table, state = self.table, CycleState()
-        active = []
+        active: list[FilterPlugin] = []
         for f in self.framework.pre_filter_plugins:
             st = f.pre_filter(state, pod, table)
             if st.is_skip():
                 continue
             if not st.is_success():
-                return Status(st.code, st.reasons, f.name)
+                return state, active, Status(st.code, st.reasons, f.name)
             if isinstance(f, FilterPlugin):
                 active.append(f)
+        return state, active, Status.success()
+
+    def filter_node(self, pod: PodInfo, slot: int) -> Status:
+        """PreFilter then Filter of the profile for ``pod`` on one node (slot), over the table as it
+        is now, uncached (`PostFilterHandle.filter_node`): Success, or the first rejection (the
+        PreFilter's, or the first failing Filter's reasons with its code and name)."""
+        table = self.table
+        state, active, st = self.pre_filter(pod)
+        if not st.is_success():
+            return st
         one = np.array([slot])
         for f in active:
             if not f.filter_slot(state, pod, table, slot):

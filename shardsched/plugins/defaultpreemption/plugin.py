@@ -23,8 +23,10 @@ victims and the pod gets its node once they are gone. The rules, as upstream's
   <count> Preemption is not helpful for scheduling, <the Filters' reasons>.`` (appended to the
   FitError message by `Diagnosis.message`).
 
-The plugin only decides; it must leave the table as it found it. The search removes and re-adds pods
-in the table while it evaluates a node; each node costs one Filter run per potential victim.
+The plugin only decides; it must leave the table as it found it. The search is vectorized over
+nodes where the resource fit is the only Filter that removing pods can change (`search`); elsewhere
+it evaluates one node at a time (`select_victims_on_node`: it removes and re-adds pods in the table,
+one Filter run per potential victim). Both give the same answer.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ import numpy as np
 
 from shardsched.api.objects import PREEMPT_NEVER, PodInfo
 from shardsched.cache.node_table import PodUsage
+from shardsched.cache.pod_columns import PodColumns
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.diagnosis import Diagnosis, fit_error_message
 from shardsched.framework.interface import PostFilterHandle, PostFilterPlugin, PostFilterResult
 from shardsched.framework.status import Code, Status
+from shardsched.plugins.defaultpreemption import search
 
 NAME = "DefaultPreemption"
 NO_VICTIMS = "No preemption victims found for incoming pod"
@@ -48,7 +52,7 @@ NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NOT_ELIGIBLE_NEVER = "not eligible due to preemptionPolicy=Never."
 NOT_ELIGIBLE_TERMINATING = "not eligible due to a terminating pod on the nominated node."
 PREFIX = "preemption: "
-_PRIORITY_OFFSET = 2**31  # upstream adds MaxInt32 + 1 so that negative priorities sum sensibly
+_PRIORITY_OFFSET = search.PRIORITY_OFFSET
 
 
 @dataclass(slots=True)
@@ -136,24 +140,67 @@ def _earliest_start_of_highest(victims: list[PodUsage]) -> float:
     return min(math.inf if u.start_time_s is None else u.start_time_s for u in victims if u.priority == top)
 
 
+def pick_best(violations: np.ndarray, first_priority: np.ndarray, priority_sum: np.ndarray, victims: np.ndarray,
+              earliest_top_start_s: np.ndarray) -> int:
+    """Upstream ``pickOneNodeForPreemption`` over candidates given as columns (one entry each, in the
+    order they were found): the index of the winner. Each rule keeps the best of the previous one:
+    fewest PDB violations, lowest priority of the first victim, smallest sum of priorities (each
+    + 2^31), fewest victims, latest earliest start of the highest-priority victims; then the first."""
+    n = len(violations)
+    return int(np.lexsort((np.arange(n), -earliest_top_start_s, victims, priority_sum, first_priority,
+                           violations))[0])
+
+
 def pick_one_node(candidates: list[Candidate]) -> Candidate:
-    """Upstream ``pickOneNodeForPreemption``: each rule keeps the best candidates of the previous
-    one, until one is left; then the first of the order they were found in."""
-    rules = (
-        lambda c: -c.num_pdb_violations,
-        lambda c: -c.victims[0].priority,
-        lambda c: -sum(u.priority + _PRIORITY_OFFSET for u in c.victims),
-        lambda c: -len(c.victims),
-        lambda c: _earliest_start_of_highest(c.victims),
-    )
-    left = candidates
-    for rule in rules:
-        scores = [rule(c) for c in left]
-        best = max(scores)
-        left = [c for c, s in zip(left, scores) if s == best]
-        if len(left) == 1:
-            break
-    return left[0]
+    """`pick_best` over `Candidate` objects."""
+    return candidates[pick_best(*(np.array(col) for col in zip(*(
+        (c.num_pdb_violations, c.victims[0].priority, sum(u.priority + _PRIORITY_OFFSET for u in c.victims),
+         len(c.victims), _earliest_start_of_highest(c.victims)) for c in candidates))))]
+
+
+@dataclass(slots=True)
+class _Found:
+    """The candidates found so far, in the order found, a part at a time: a stretch reprieved at
+    once (`search.Reprieved`, its entries ``at``) or one node of the per-node search (its victims).
+    Each part holds its positions in the search order and the columns `pick_best` reads."""
+
+    parts: list[tuple[np.ndarray, tuple[np.ndarray, ...], search.Reprieved | list[PodUsage], np.ndarray | None]]
+    count: int = 0
+    clean: int = 0
+
+    def add_exact(self, position: int, victims: list[PodUsage], violations: int) -> None:
+        columns = tuple(np.array([v]) for v in (
+            violations, victims[0].priority, sum(u.priority + _PRIORITY_OFFSET for u in victims), len(victims),
+            _earliest_start_of_highest(victims)))
+        self.parts.append((np.array([position]), columns, victims, None))
+        self.count += 1
+        self.clean += violations == 0
+
+    def add_reprieved(self, positions: np.ndarray, r: search.Reprieved, at: np.ndarray) -> None:
+        """Positions ``positions`` of the plan, entries ``at`` of ``r``."""
+        columns = (r.violations[at], r.first_priority[at], r.priority_sum[at], r.victims[at],
+                   r.earliest_top_start_s[at])
+        self.parts.append((positions, columns, r, at))
+        self.count += len(positions)
+        self.clean += int((columns[0] == 0).sum())
+
+    def best(self, table_columns: PodColumns) -> tuple[list[PodUsage], int, int]:
+        """(victims, violations, position) of the winner; non-violating candidates first, as
+        upstream's DryRunPreemption returns them."""
+        cols = [np.concatenate([part[1][k] for part in self.parts]) for k in range(5)]
+        order = np.lexsort((np.arange(self.count), cols[0] > 0))
+        i = int(order[pick_best(*(c[order] for c in cols))])
+        sizes = np.cumsum([len(part[0]) for part in self.parts])
+        which = int(np.searchsorted(sizes, i, side="right"))
+        positions, _, source, at = self.parts[which]
+        j = i - (int(sizes[which - 1]) if which else 0)
+        if isinstance(source, list):
+            victims = source
+        else:
+            k = int(at[j])
+            b = int(source.begin[k])
+            victims = [table_columns.usage[row] for row in source.rows[b: b + int(source.victims[k])].tolist()]
+        return victims, int(cols[0][i]), int(positions[j])
 
 
 class DefaultPreemption(PostFilterPlugin):
@@ -162,13 +209,18 @@ class DefaultPreemption(PostFilterPlugin):
     Args:
         min_candidate_nodes_percentage: in [0, 100], default 10.
         min_candidate_nodes_absolute: >= 0, default 100 (not both 0).
+        vectorized: the victim search over arrays where it gives the same answer (`search`); False
+            runs the per-node search on every node (the tests compare the two).
     """
 
     name = NAME
 
-    def __init__(self, min_candidate_nodes_percentage: int = 10, min_candidate_nodes_absolute: int = 100) -> None:
+    def __init__(self, min_candidate_nodes_percentage: int = 10, min_candidate_nodes_absolute: int = 100,
+                 vectorized: bool = True) -> None:
         self.min_candidate_nodes_percentage = min_candidate_nodes_percentage
         self.min_candidate_nodes_absolute = min_candidate_nodes_absolute
+        self.vectorized = vectorized
+        self._pdb_members = search.PdbMembers()
 
     def num_candidates(self, num_nodes: int) -> int:
         """Upstream ``calculateNumCandidates``: n * percentage / 100, at least the absolute number,
@@ -213,29 +265,79 @@ class DefaultPreemption(PostFilterPlugin):
             statuses[NOT_HELPFUL] = not_helpful
         looked_at = not_helpful
         slots = np.flatnonzero(potential)
-        candidates: list[Candidate] = []
+        found = _Found([])
         if len(slots):
             want = self.num_candidates(len(slots))
             offset = int(handle.rng.integers(len(slots)))
-            clean = 0
-            for slot in np.roll(slots, -offset).tolist():
-                victims, violations, st = select_victims_on_node(pod, slot, handle)
-                if st.is_success() and victims:
-                    candidates.append(Candidate(table.names[slot], victims, violations))
-                    clean += violations == 0
-                    if clean and len(candidates) >= want:
-                        break
-                    continue
-                looked_at += 1
-                for reason in st.reasons or (f"{st.plugin} rejected the pod",):
-                    statuses[reason] += 1
-        if not candidates:
+            order = np.roll(slots, -offset)
+            p = (search.plan if self.vectorized else search.exact_plan)(pod, handle, order)
+            looked_at += self._walk(pod, handle, p, want, found, statuses)
+        if not found.count:
             return PostFilterResult(Status(Code.UNSCHEDULABLE, (PREFIX + fit_error_message(looked_at, statuses),), NAME),
                                     nominated_node="")
-        # non-violating candidates first, as upstream's DryRunPreemption returns them
-        ordered = [c for c in candidates if not c.num_pdb_violations] + [c for c in candidates if c.num_pdb_violations]
-        best = pick_one_node(ordered)
-        return PostFilterResult(Status.success(), best.node, tuple(best.victims), best.num_pdb_violations)
+        victims, violations, position = found.best(table.pod_columns())
+        return PostFilterResult(Status.success(), table.names[int(order[position])], tuple(victims), violations)
+
+    def _walk(self, pod: PodInfo, handle: PostFilterHandle, p: search.Plan, want: int, found: _Found,
+              statuses: Counter[str]) -> int:
+        """Upstream ``DryRunPreemption``: look at the nodes in ``p.order`` until ``want`` candidates
+        are found, at least one without PDB violations; candidates into ``found``, the other nodes'
+        reasons into ``statuses``. Returns how many nodes were looked at without a candidate.
+
+        The plan's FEASIBLE nodes are reprieved a stretch at a time (`search.reprieve`), the EXACT
+        ones node by node in order, so that none is evaluated past the last node looked at."""
+        kind = p.kind
+        producers = np.flatnonzero(kind >= search.EXACT)
+        failed = 0
+        stop = len(kind)  # positions [0, stop) are looked at
+        i = 0
+        while i < len(producers) and stop == len(kind):
+            chunk = producers[i: i + max(want - found.count, 64)]
+            i += len(chunk)
+            fast = chunk[kind[chunk] == search.FEASIBLE]
+            r = search.reprieve(pod, handle, p, fast, self._pdb_members) if len(fast) else None
+            slow = np.ones(len(chunk), bool)
+            if r is not None:
+                slow[np.searchsorted(chunk, fast)] = r.victims == 0  # none to put back: the per-node search says why
+            prev = 0
+            for j in (*np.flatnonzero(slow).tolist(), len(chunk)):
+                if j > prev:  # reprieved candidates in chunk[prev:j]
+                    seg = chunk[prev:j]
+                    at = np.searchsorted(fast, seg)
+                    clean = found.clean + np.cumsum(r.violations[at] == 0)
+                    total = found.count + np.arange(1, len(seg) + 1)
+                    hit = np.flatnonzero((clean > 0) & (total >= want))
+                    if len(hit):
+                        seg, at = seg[: hit[0] + 1], at[: hit[0] + 1]
+                    found.add_reprieved(seg, r, at)
+                    if len(hit):
+                        stop = int(seg[-1]) + 1
+                        break
+                if j == len(chunk):
+                    break
+                position = int(chunk[j])
+                victims, violations, st = select_victims_on_node(pod, int(p.order[position]), handle)
+                if st.is_success() and victims:
+                    found.add_exact(position, victims, violations)
+                    if found.clean and found.count >= want:
+                        stop = position + 1
+                        break
+                else:
+                    failed += 1
+                    for reason in st.reasons or (f"{st.plugin} rejected the pod",):
+                        statuses[reason] += 1
+                prev = j + 1
+        looked = kind[:stop]
+        no_victims = int((looked == search.NO_VICTIMS).sum())
+        if no_victims:
+            statuses[NO_VICTIMS] += no_victims
+        no_fit = looked == search.NO_FIT
+        if no_fit.any():
+            short = p.short[:, p.order[:stop][no_fit]]
+            for reason, c in zip(p.check.reasons, short.sum(axis=1).tolist()):
+                if c:
+                    statuses[reason] += c
+        return failed + no_victims + int(no_fit.sum())
 
 
 def new(args=None) -> DefaultPreemption:

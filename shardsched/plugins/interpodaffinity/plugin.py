@@ -186,6 +186,11 @@ class InterPodAffinity(FilterPlugin, ScorePlugin):
                 out &= ~_in(codes, table.topology_codes(key)[idx])
         return affinity, anti, existing
 
+    def passes_without_pods(self, pod: PodInfo) -> bool:
+        """Removing pods only helps anti-affinity (the pod's and the existing pods'); it can break
+        required pod affinity (the pod it is affine to may go)."""
+        return not pod.pod_affinity.required_affinity
+
     def filter(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         affinity, anti, existing = self._checks(state.read(_FILTER_KEY), table, idx)
         return affinity & anti & existing

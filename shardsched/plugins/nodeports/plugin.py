@@ -39,6 +39,10 @@ class NodePorts(FilterPlugin):
     def failure_reasons(self, state, pod, table, slots):
         return {ERR_REASON: len(slots)}
 
+    def passes_without_pods(self, pod: PodInfo) -> bool:
+        """Removing pods only frees ports."""
+        return True
+
 
 def new(args=None) -> NodePorts:
     return NodePorts()

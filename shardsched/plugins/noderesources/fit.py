@@ -26,7 +26,7 @@ from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import CPU, MEMORY, PODS, is_extended, is_prefixed_native
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.cycle_state import CycleState
-from shardsched.framework.interface import MAX_NODE_SCORE, FilterPlugin, Index, ScorePlugin
+from shardsched.framework.interface import MAX_NODE_SCORE, FilterPlugin, Index, ResourceCheck, ScorePlugin
 from shardsched.framework.status import Status
 
 NAME = "NodeResourcesFit"
@@ -163,6 +163,15 @@ class NodeResourcesFit(FilterPlugin, ScorePlugin):
         for row, value in zip(fr.rows, fr.values):
             if alloc[row, slot] - used[row, slot] < value:
                 return False
+        return True
+
+    def resource_check(self, state: CycleState) -> ResourceCheck:
+        """The pod's non-zero requests that are not ignored, ``pods`` included (the Filter's
+        whole check)."""
+        fr: _FitRequest = state.read(NAME + "/request")
+        return ResourceCheck(fr.rows, fr.values, tuple(map(insufficient_reason, fr.names)))
+
+    def passes_without_pods(self, pod: PodInfo) -> bool:
         return True
 
     def failure_reasons(self, state, pod, table, slots):

@@ -228,6 +228,11 @@ class PodTopologySpread(FilterPlugin, ScorePlugin):
         return {r: c for r, c in ((ERR_REASON_NODE_LABEL_NOT_MATCH, missing),
                                   (ERR_REASON_CONSTRAINTS_NOT_MATCH, skewed)) if c}
 
+    def passes_without_pods(self, pod: PodInfo) -> bool:
+        """Removing matching pods from a node lowers its domain's count by d and the global minimum
+        by at most d: the node's skew never grows."""
+        return True
+
     def unresolvable_mask(self, state, pod, table, slots):
         """Upstream's codes: a node without a constraint's topology label is
         UnschedulableAndUnresolvable; a skew breach is Unschedulable (removing pods may help)."""

@@ -1,0 +1,212 @@
+"""DefaultPreemption's victim search vectorized over nodes.
+
+Upstream's ``SelectVictimsOnNode`` runs the Filters on one node per potential victim. Where the
+only Filter that removing pods can change is the resource fit, the same answer comes from arrays:
+
+- `plan`: per node looked at, the requests of its pods of lower priority (`PodColumns`), so that
+  one comparison over all nodes says where the pod has no victim (`NO_VICTIMS`), where it does not
+  fit even with all of them gone (`NO_FIT`, with the resources that fall short) and where it does
+  (`FEASIBLE`);
+- `reprieve`: for the feasible nodes of a stretch of the search, the potential victims sorted per
+  node in MoreImportantPod order (ties in the node's pod order), the PDB split done with grouped
+  cumulative sums, then the pods put back in that order, every node at once, one pod per node per
+  step, each kept when the pod still fits.
+
+A node goes to the per-node search (`EXACT`) when another Filter could change with its pods: a
+Filter that does not say it `passes_without_pods` (required pod affinity does not) is in the
+profile, or the node fails some other Filter now (ports, anti-affinity, spread skew), or the pod
+fits it as it is. No PreFilter rejection, one resource Filter: otherwise every node is `EXACT`.
+The results are those of the per-node search (the tests compare them on random clusters).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardsched.api.disruption import PodDisruptionBudget
+from shardsched.api.objects import PodInfo
+from shardsched.api.quantity import PODS
+from shardsched.framework.interface import PostFilterHandle, ResourceCheck
+
+#: how the search sees a node it looks at (`Plan.kind`)
+NO_VICTIMS, NO_FIT, EXACT, FEASIBLE = 0, 1, 2, 3
+PRIORITY_OFFSET = 2**31  # upstream adds MaxInt32 + 1 so that negative priorities sum sensibly
+
+
+@dataclass(slots=True)
+class Plan:
+    """The nodes looked at, in order (``order``: table slots), and what the arrays say of each.
+
+    Attributes:
+        kind: int8 per position of ``order``: NO_VICTIMS, NO_FIT, EXACT or FEASIBLE.
+        check: the resource Filter's check, None when every node with victims is EXACT.
+        short: bool (len(check.rows), table slots [0, n)): the resource falls short even with every
+            pod of lower priority gone (read on NO_FIT nodes).
+        free_all: int64 (len(check.rows), table slots): allocatable - requested + the lower-priority
+            pods' requests (read on FEASIBLE nodes).
+    """
+
+    order: np.ndarray
+    kind: np.ndarray
+    check: ResourceCheck | None = None
+    short: np.ndarray | None = None
+    free_all: np.ndarray | None = None
+
+
+def exact_plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Plan:
+    """Every node to the per-node search."""
+    return Plan(order, np.full(len(order), EXACT, np.int8))
+
+
+def plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Plan:
+    """Classify the nodes of ``order`` (table slots) for ``pod`` (module docstring). Reads the
+    table, runs the profile's PreFilters and the non-resource Filters once over every node."""
+    table = handle.table
+    n = table.n
+    below = table.pod_columns().requested_below(pod.priority, n)
+    if below is None:
+        return Plan(order, np.full(len(order), NO_VICTIMS, np.int8))
+    has_victims = below[table.resource_row(PODS)] > 0
+    kind = np.where(has_victims, EXACT, NO_VICTIMS).astype(np.int8)
+    state, filters, st = handle.pre_filter(pod)
+    if not st.is_success():
+        return Plan(order, kind[order])
+    checks = [(f, f.resource_check(state)) for f in filters]
+    fits = [c for f, c in checks if c is not None]
+    others = [f for f, c in checks if c is None]
+    if len(fits) != 1 or not all(f.passes_without_pods(pod) for f in others):
+        return Plan(order, kind[order])
+    check = fits[0]
+    everything = slice(0, n)
+    others_ok = np.ones(n, bool)
+    for f in others:
+        others_ok &= f.filter(state, pod, table, everything)
+    rows = list(check.rows)
+    need = np.array(check.requests, np.int64)[:, None]
+    free_now = table.alloc[rows, :n] - table.requested[rows, :n]
+    free_all = free_now + below[rows]
+    short = free_all < need
+    fits_now = (free_now >= need).all(axis=0)
+    feasible = np.where(short.any(axis=0), NO_FIT, FEASIBLE).astype(np.int8)
+    kind = np.where(has_victims & others_ok & ~fits_now, feasible, kind)
+    return Plan(order, kind[order], check, short, free_all)
+
+
+@dataclass(slots=True)
+class Reprieved:
+    """`reprieve`'s answer for positions ``positions`` of a plan (arrays aligned with them).
+
+    Attributes:
+        victims: int64 per position, the number of victims (0 only if the pod fits with every pod).
+        violations: int64, victims that break a PodDisruptionBudget.
+        first_priority: int64, the priority of the first victim (order below).
+        priority_sum: int64, the sum of the victims' priorities, each + 2^31.
+        earliest_top_start_s: float64, the earliest start among the highest-priority victims.
+        rows: `PodColumns` rows of all the victims, position after position, each position's in
+            the order they were chosen (PDB-violating first, each group most important first);
+            ``begin``: int64, where each position's start in ``rows``.
+    """
+
+    victims: np.ndarray
+    violations: np.ndarray
+    first_priority: np.ndarray
+    priority_sum: np.ndarray
+    earliest_top_start_s: np.ndarray
+    rows: np.ndarray
+    begin: np.ndarray
+
+
+class PdbMembers:
+    """Which budgets each pod counts against (`split_by_pdb`'s test: selected, and not among the
+    budget's ``disruptedPods``), remembered per pod uid while the budgets stay equal."""
+
+    def __init__(self) -> None:
+        self._pdbs: tuple[PodDisruptionBudget, ...] = ()
+        self._by_uid: dict[str, tuple[bool, ...]] = {}
+
+    def matrix(self, pdbs: tuple[PodDisruptionBudget, ...], usages: list, limit: int) -> np.ndarray:
+        """bool (len(usages), len(pdbs)); ``limit``: forget everything past this many pods."""
+        if pdbs != self._pdbs or len(self._by_uid) > limit:
+            self._pdbs, self._by_uid = pdbs, {}
+        memo = self._by_uid
+        out = []
+        for u in usages:
+            hit = memo.get(u.uid)
+            if hit is None:
+                name = u.key.split("/", 1)[1] if "/" in u.key else u.key
+                hit = memo[u.uid] = tuple(bool(u.labels) and p.selects(u.namespace, u.labels)
+                                          and name not in p.disrupted_pods for p in pdbs)
+            out.append(hit)
+        return np.array(out, bool).reshape(len(usages), len(pdbs))
+
+
+def reprieve(pod: PodInfo, handle: PostFilterHandle, p: Plan, positions: np.ndarray,
+             members: PdbMembers) -> Reprieved:
+    """``SelectVictimsOnNode`` for the FEASIBLE ``positions`` of ``p``, all at once (module
+    docstring); the table is only read."""
+    table = handle.table
+    cols = table.pod_columns()
+    assert p.check is not None and p.free_all is not None
+    slots = p.order[positions]
+    on = np.zeros(table.n, bool)
+    on[slots] = True
+    rows = cols.rows_below(pod.priority, on)
+    slot = cols.slot[rows]
+    rows = rows[np.lexsort((cols.order[rows], cols.start_s[rows], -cols.priority[rows], slot))]
+    slot = cols.slot[rows]
+    n = len(rows)
+    bounds = np.flatnonzero(np.concatenate(([True], slot[1:] != slot[:-1])))
+    lengths = np.diff(np.append(bounds, n))
+    group = np.repeat(np.arange(len(bounds)), lengths)
+    violating = np.zeros(n, bool)
+    pdbs = tuple(handle.pdbs)
+    if pdbs:
+        m = members.matrix(pdbs, [cols.usage[r] for r in rows.tolist()], 4 * len(table.pod_slot) + 1024)
+        first = bounds[group]
+        for i, pdb in enumerate(pdbs):
+            mi = m[:, i]
+            if not mi.any():
+                continue
+            cs = np.cumsum(mi)
+            taken = cs - (cs - mi)[first]  # disruptions this pod's node has taken so far, itself included
+            violating |= mi & (taken > pdb.disruptions_allowed)
+        if violating.any():
+            again = np.lexsort((np.arange(n), ~violating, slot))
+            rows, violating = rows[again], violating[again]
+    # put back in order: one pod per node per step, each kept while the pod still fits
+    check_rows = list(p.check.rows)
+    need = cols.requests[check_rows][:, rows]
+    g_of_pos = np.searchsorted(slot[bounds], slots)
+    avail = np.empty((len(check_rows), len(bounds)), np.int64)
+    avail[:, g_of_pos] = p.free_all[:, slots] - np.array(p.check.requests, np.int64)[:, None]
+    victim = np.zeros(n, bool)
+    for k in range(int(lengths.max()) if n else 0):
+        live = np.flatnonzero(lengths > k)
+        at = bounds[live] + k
+        nd = need[:, at]
+        keep = (nd <= avail[:, live]).all(axis=0)
+        avail[:, live] -= nd * keep
+        victim[at] = ~keep
+    vrows, vgroup, vviol = rows[victim], group[victim], violating[victim]
+    count = np.bincount(vgroup, minlength=len(bounds))
+    begin = np.cumsum(count) - count
+    prio = cols.priority[vrows]
+    start = cols.start_s[vrows]
+    has = count > 0
+    at = begin[has]
+    first_priority = np.zeros(len(bounds), np.int64)
+    priority_sum = np.zeros(len(bounds), np.int64)
+    violations = np.zeros(len(bounds), np.int64)
+    earliest = np.full(len(bounds), math.inf)
+    if len(vrows):
+        first_priority[has] = prio[at]
+        priority_sum[has] = np.add.reduceat(prio + PRIORITY_OFFSET, at)
+        violations[has] = np.add.reduceat(vviol.astype(np.int64), at)
+        top = np.zeros(len(bounds), np.int64)
+        top[has] = np.maximum.reduceat(prio, at)
+        earliest[has] = np.minimum.reduceat(np.where(prio == top[vgroup], start, math.inf), at)
+    return Reprieved(count[g_of_pos], violations[g_of_pos], first_priority[g_of_pos], priority_sum[g_of_pos],
+                     earliest[g_of_pos], vrows, begin[g_of_pos])
