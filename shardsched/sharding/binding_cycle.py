@@ -439,10 +439,12 @@ class ShardBinding:
         codes = batch.state.get(CODES_KEY, {})
         bind_codes = batch.state.get(BIND_RESULTS_KEY, {})
         fenced = False
+        bound_by_profile: Counter[str] = Counter()
         for i, q in enumerate(batch.qpis):
             f = failures.get(i)
             if f is None:
-                self._bound(q, now, now_mono, batch.started)
+                self._bound(q, now, now_mono)
+                bound_by_profile[q.pod_info.scheduler_name] += 1
             elif f.point == PERMIT:
                 s.stats.reserve_failures += 1
                 code = codes.get(q.pod_info.uid) if f.status.plugin == LEDGER else None
@@ -460,20 +462,23 @@ class ShardBinding:
             s._resync_epoch()
         bound = len(batch.pods) - len(failures)
         s.stats.scheduled += bound
-        s.stats.timeline.append((now, bound))
+        s.stats.bound += bound
+        if bound:  # the per-pod counters, once per batch (every pod of it took the same attempt)
+            s.metrics.binds.labels("ok").inc(bound)
+            attempt_s = time.perf_counter() - batch.started
+            for profile, n in bound_by_profile.items():
+                s.metrics.schedule_attempts.labels(SCHEDULED, profile).inc(n)
+                duration = s.metrics.attempt_duration.labels(SCHEDULED, profile)
+                for _ in range(n):
+                    duration.observe(attempt_s)
 
-    def _bound(self, q: QueuedPodInfo, now: float, now_mono: float, started: float) -> None:
+    def _bound(self, q: QueuedPodInfo, now: float, now_mono: float) -> None:
         s = self.shard
         pod = q.pod_info
         s.queue.done(q.key)
-        s.stats.bound += 1
-        s.metrics.binds.labels("ok").inc()
-        s.metrics.schedule_attempts.labels(SCHEDULED, pod.scheduler_name).inc()
-        s.metrics.attempt_duration.labels(SCHEDULED, pod.scheduler_name).observe(time.perf_counter() - started)
         created = (pod.obj.get("metadata", {}).get("annotations") or {}).get(CREATED_AT_ANNOTATION)
         if created:
             lat = now - float(created)
-            s.stats.latencies_s.append(lat)
             s.recent_latencies.append((now_mono, lat))
             s.metrics.sli_duration.labels(str(min(q.attempts, 15))).observe(lat)
 

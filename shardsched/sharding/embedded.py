@@ -473,15 +473,16 @@ class EmbeddedRun:
                 report.shard_snapshots.append(ray.get(s.snapshot.remote(), timeout=10))
             except Exception as e:  # noqa: BLE001 - a dead shard's numbers are lost, say so
                 report.errors.append(f"a shard did not report: {type(e).__name__}")
-        timeline = [entry for st in stats for entry in st.timeline]
+        binds = ray.get(self.cluster.bind_times.remote())
+        timeline = binds["timeline"]
         if timeline and not (report.interrupted or report.timed_out or report.errors):
-            # the window ends at the last bind, as the shards timed it (progress is followed less often)
+            # the window ends at the last bind, as the cluster timed it (progress is followed less often)
             report.schedule_wall_s = min(report.schedule_wall_s, max(t for t, _ in timeline) - self._t0_unix)
         steps = ray.get(self.coordinator.scale_history.remote())
         if steps:
             report.scaling = scale_phases(steps, timeline, self._t0_unix, self._t0_unix + report.schedule_wall_s)
+        report.latencies_s.extend(binds["latencies_s"])
         for st in stats:
-            report.latencies_s.extend(st.latencies_s)
             report.conflicts += st.conflicts
         report.invariants = inv
         tracked = set(ray.get(self.coordinator.pending_keys.remote()))

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -86,7 +86,8 @@ class ShardOptions:
 
 @dataclass
 class ShardStats:
-    """Counters of one shard (plain, picklable)."""
+    """Counters of one shard (plain, picklable, of a fixed size: what a benchmark measures per pod
+    is timed by the simulated cluster, `SimClusterHost.bind_times`)."""
 
     scheduled: int = 0
     bound: int = 0
@@ -97,10 +98,6 @@ class ShardStats:
     lease_busy: int = 0
     batches: int = 0
     paused_s: float = 0.0
-    #: creation -> bound latencies in seconds, for pods carrying CREATED_AT_ANNOTATION
-    latencies_s: list[float] = field(default_factory=list)
-    #: (unix time, pods bound) per batch, for throughput plots
-    timeline: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Shard:

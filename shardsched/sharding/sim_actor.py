@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import ray
 
 from shardsched import gctune
+from shardsched.cluster import DELETED, POD
 from shardsched.cluster.errors import NotFound
 from shardsched.sharding.actors import MAX_CONCURRENCY
+from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import SimCluster
 
 
@@ -21,10 +24,20 @@ def unschedulable(pod: dict) -> bool:
 
 
 class SimClusterHost(SimCluster):
-    """The simulated cluster as an actor (adds the process id, for the CPU/memory report)."""
+    """The simulated cluster as an actor, with what the embedded run reads of it: the process id
+    (for the CPU/memory report), `progress` (counts kept as pods are written, so a read costs
+    nothing per pod) and `bind_times` (the run's creation -> bound latencies, timed where the
+    binding is written, so the shards keep no statistics for the benchmark)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         gctune.tune()  # this actor's process (shardsched.gctune)
+        #: pods that exist without spec.nodeName, and of them those `unschedulable` (kept by `_commit`)
+        self._unbound = 0
+        self._unschedulable = 0
+        #: creation -> bound seconds of the pods bound carrying CREATED_AT_ANNOTATION; Unix time of
+        #: every bind applied
+        self._latencies_s: list[float] = []
+        self._bound_at: list[float] = []
         super().__init__(*args, **kwargs)
         #: pods deleted so far, by whether they were bound then
         self._deleted = {"bound": 0, "unbound": 0}
@@ -46,6 +59,41 @@ class SimClusterHost(SimCluster):
         self._deleted["bound" if pod["spec"].get("nodeName") else "unbound"] += 1
         return pod
 
+    def _commit(self, type_: str, kind: str, obj: dict) -> dict:
+        if kind == POD:  # every pod write comes here once: a deleted pod is already out of `_pods`
+            if type_ == DELETED:
+                self._count(obj, -1)
+            else:
+                meta = obj["metadata"]
+                old = self._pods.get(f"{meta['namespace']}/{meta['name']}")
+                if old is not None:
+                    self._count(old, -1)
+                self._count(obj, 1)
+        return super()._commit(type_, kind, obj)
+
+    def _count(self, pod: dict, sign: int) -> None:
+        if not pod["spec"].get("nodeName"):
+            self._unbound += sign
+            if unschedulable(pod):
+                self._unschedulable += sign
+
+    def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:
+        status = super()._apply_bind(key, pod, node_name)
+        now = time.time()
+        self._bound_at.append(now)
+        created = (pod["metadata"].get("annotations") or {}).get(CREATED_AT_ANNOTATION)
+        if created:
+            self._latencies_s.append(now - float(created))
+        return status
+
+    def bind_times(self) -> dict[str, list]:
+        """What the run's report measures of the binds so far: ``latencies_s``, creation (the
+        pod's CREATED_AT_ANNOTATION) -> binding written, seconds, one per pod bound that carries
+        the annotation, in bind order; ``timeline``, (Unix time, 1) per bind applied (a bind whose
+        answer timed out but was applied counts: the pod is bound)."""
+        with self._lock:
+            return {"latencies_s": list(self._latencies_s), "timeline": [(t, 1) for t in self._bound_at]}
+
     def progress(self) -> dict[str, Any]:
         """The cluster's state in one read, for the run's progress and its plot.
 
@@ -57,14 +105,12 @@ class SimClusterHost(SimCluster):
             resource name -> total request of the non-terminal bound pods, canonical units.
         """
         with self._lock:
-            unbound = [p for p in self._pods.values() if not p["spec"].get("nodeName")]
-            n_unschedulable = sum(1 for p in unbound if unschedulable(p))
             requested: dict[str, int] = {}
             for per_node in self._requested.values():
                 for resource, v in per_node.items():
                     requested[resource] = requested.get(resource, 0) + v
-            return {"pods": len(self._pods), "bound": len(self._pods) - len(unbound), "unbound": len(unbound),
-                    "unschedulable": n_unschedulable, "binds": self._stats["binds"] - self._stats["double_binds"],
+            return {"pods": len(self._pods), "bound": len(self._pods) - self._unbound, "unbound": self._unbound,
+                    "unschedulable": self._unschedulable, "binds": self._stats["binds"] - self._stats["double_binds"],
                     "deleted_bound": self._deleted["bound"], "deleted_unbound": self._deleted["unbound"],
                     "requested": requested}
 
