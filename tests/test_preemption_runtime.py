@@ -5,7 +5,14 @@ a real Redis ledger and plain `Shard`s stepped by the test (`World` of test_coor
 
 from __future__ import annotations
 
+import json
+import time
+
+import pytest
+
 from shardsched.cluster import Forbidden
+from shardsched.config import load_config
+from shardsched.sim import SimCluster
 from shardsched.store.ledger import BoundPod, NodeEntry, ReserveCode, ReserveItem
 
 from builders import pod
@@ -29,6 +36,11 @@ def high_pod(name: str = "high", cpu: str = "2", priority: int = HIGH, policy: s
     return p
 
 
+def plain(obj: dict) -> dict:
+    """A builder's pod as plain dicts and lists (what another process can unpickle)."""
+    return json.loads(json.dumps(obj))
+
+
 def full_world(ledger, nodes: int = 2, shards: int = 2) -> World:
     """``nodes`` nodes of 4 cpu, every cpu taken by a low-priority pod (1 cpu each)."""
     world = World(ledger, n_nodes=nodes, shards=shards)
@@ -46,11 +58,23 @@ def reasons(world: World, name: str) -> list[tuple[str, str]]:
     return [(e["reason"], e["message"]) for e in world.cluster.events_for("default", name)]
 
 
+def settle_fully(world: World, timeout_s: float = 15.0) -> None:
+    """`World.settle` with unschedulable pods allowed, until no pod is left backing off either
+    (settle alone may return while a pod waits out its backoff)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        world.settle(timeout_s=timeout_s, parked_ok=True)
+        if not any(s.queue.pending_counts()["backoff"] for s in world.shards.values()):
+            return
+        assert time.monotonic() < deadline, "pods still backing off"
+        time.sleep(0.01)
+
+
 def retry_all(world: World) -> None:
     """Every unschedulable pod gets another attempt (a cluster event), and the world settles."""
     for s in world.shards.values():
         s.move_all_to_active_or_backoff_queue("NodeUpdate")
-    world.settle(parked_ok=True)
+    settle_fully(world)
 
 
 def test_a_high_priority_pod_on_a_full_cluster_preempts_two_victims_and_binds(ledger):
@@ -79,7 +103,7 @@ def test_a_high_priority_pod_on_a_full_cluster_preempts_two_victims_and_binds(le
 def test_a_pod_that_cannot_preempt_gets_upstreams_preemption_message(ledger):
     world = full_world(ledger)
     world.cluster.create_pods([high_pod("never", policy="Never"), high_pod("peer", priority=LOW)])
-    world.settle(parked_ok=True)
+    settle_fully(world)
     assert world.coordinator.unschedulable_reasons() == {
         "0/2 nodes are available: 2 Insufficient cpu. preemption: not eligible due to preemptionPolicy=Never..": 1,
         "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption "
@@ -92,13 +116,12 @@ def test_the_nomination_keeps_the_freed_room_from_a_lower_priority_pod(ledger):
     a lower-priority pod created meanwhile does not take the room, and the preemptor binds once
     the victims are gone."""
     clock = [0.0]
-    from shardsched.sim import SimCluster
     world = World(ledger, n_nodes=1, shards=2,
                   cluster=SimCluster(seed=0, clock=lambda: clock[0], grace_period_scale=1.0))
     world.cluster.create_pods(low_pods(4))
     world.settle()
     world.cluster.create_pods([high_pod()])
-    world.settle(parked_ok=True)
+    settle_fully(world)
     pods = pods_by_name(world)
     assert "nominatedNodeName" in pods["high"]["status"] and not pods["high"]["spec"].get("nodeName")
     assert sum(1 for p in pods.values() if p["metadata"].get("deletionTimestamp")) == 2
@@ -109,7 +132,7 @@ def test_the_nomination_keeps_the_freed_room_from_a_lower_priority_pod(ledger):
         "nominated node..": 1}
     clock[0] += 31  # the victims' grace period ends
     world.cluster.create_pods(low_pods(1, prefix="late"))
-    world.settle(parked_ok=True)
+    settle_fully(world)
     pods = pods_by_name(world)
     assert pods["high"]["spec"].get("nodeName") == "node-00000"
     assert not pods["late-0"]["spec"].get("nodeName")
@@ -154,7 +177,7 @@ def test_victims_recreated_by_their_set_do_not_take_the_room_and_nothing_loops(l
                                       "spec": {"replicas": 4, "template": template}})
     world.settle()
     world.cluster.create_pods([high_pod()])
-    world.settle(parked_ok=True)
+    settle_fully(world)
     for _ in range(3):  # more rounds: the recreated pods retry and must keep failing
         retry_all(world)
     pods = pods_by_name(world)
@@ -194,3 +217,246 @@ def test_a_victim_that_cannot_be_deleted_leaves_the_preemptor_queued_with_the_er
     assert len(world.cluster.list_pods()[0]) == 9  # nothing deleted
     assert all(ledger.nominations(n) == {} for n in ("node-00000", "node-00001"))
     assert state.counters["victim_delete_errors"] >= 1
+
+
+SLOW_BACKOFF = load_config("""\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 1
+podMaxBackoffSeconds: 1
+profiles:
+- schedulerName: shardsched
+""")
+
+
+def test_a_pod_of_equal_priority_that_a_shard_tries_first_is_refused_the_room_by_the_ledger(ledger):
+    """The preemptor backs off after its attempt (1 s) while a pod of the same priority (which may
+    not preempt) arrives and is tried first on the freed node: the shard's table sees the room, the
+    ledger's Reserve refuses it (the nomination counts for pods of equal priority), and the
+    preemptor binds there; without the nomination that pod would have taken the room and the
+    preemptor would have preempted again."""
+    world = World(ledger, n_nodes=1, shards=2, config=SLOW_BACKOFF)
+    world.cluster.create_pods(low_pods(4))
+    world.settle()
+    world.cluster.create_pods([high_pod()])
+    world.coordinator.step()  # route
+    for _ in range(3):
+        for s in world.shards.values():
+            s.step()
+        world.coordinator.step()  # the round fails, the preemption deletes two pods
+    assert world.coordinator.state.counters["preemptions"] == 1
+    world.cluster.create_pods([high_pod("peer", policy="Never")])
+    settle_fully(world)
+    pods = pods_by_name(world)
+    assert pods["high"]["spec"].get("nodeName") == "node-00000"
+    assert not pods["peer"]["spec"].get("nodeName")
+    assert sum(s.stats.reserve_failures for s in world.shards.values()) >= 1
+    assert world.coordinator.state.counters["victims"] == 2
+
+
+def test_a_pod_another_scheduler_binds_onto_the_freed_node_is_preempted_once_and_no_victim_twice(ledger):
+    """Loop-freedom against a rival scheduler (no ledger): right after the victims go, another
+    scheduler binds a pod of lower priority onto the freed node. The preemptor preempts again (kube's
+    rules choose its victims among the pods now there), never deletes a pod twice, and binds."""
+    clock = [0.0]
+    world = World(ledger, n_nodes=1, shards=2,
+                  cluster=SimCluster(seed=0, clock=lambda: clock[0], grace_period_scale=1.0))
+    world.cluster.create_pods(low_pods(4))
+    world.settle()
+    world.cluster.create_pods([high_pod()])
+    settle_fully(world)
+    candidates = ["low-0", "low-1", "low-2", "low-3", "rival"]
+    preempted = preempted_now(world, candidates)  # while they terminate (the cluster drops a gone pod's Events)
+    clock[0] += 31  # victims gone; the rival is faster than our next attempt
+    world.cluster.list_pods()
+    world.cluster.create_pods([pod("rival", cpu="2").with_priority(LOW).on("node-00000")])
+    settle_fully(world)
+    preempted += preempted_now(world, candidates)
+    clock[0] += 31
+    world.cluster.list_pods()
+    retry_all(world)
+    pods = pods_by_name(world)
+    assert pods["high"]["spec"].get("nodeName") == "node-00000"
+    state = world.coordinator.state
+    assert state.counters["preemptions"] == 2
+    gone = [name for name in candidates if name not in pods]
+    assert sorted(preempted) == sorted(gone) and len(gone) == state.counters["victims"] == 4  # each once
+    assert world.cluster.invariants()["pods_bound"] == 2  # the preemptor and the rival's pod
+
+
+def preempted_now(world: World, names: list[str]) -> list[str]:
+    """The pods among ``names`` that have a Preempted Event, once per Event (a repeat counts)."""
+    return [name for name in names for e in world.cluster.events_for("default", name)
+            if e["reason"] == "Preempted" for _ in range(e.get("count", 1))]
+
+
+def test_a_pod_disruption_budget_steers_the_preemption_to_the_unprotected_node(ledger):
+    world = World(ledger, n_nodes=2, shards=2)
+    world.cluster.create_pods(low_pods(4, prefix="db", cpu="2"))  # two per node
+    world.settle()
+    on = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in world.cluster.list_pods()[0]}
+    guarded = on["db-0"]
+    world.cluster.create_pdb({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                              "metadata": {"name": "db", "namespace": "default"},
+                              "spec": {"minAvailable": 4, "selector": {"matchLabels": {"app": "db"}}}})
+    # the budget covers every db pod: both nodes violate it equally; a second set without a budget
+    world.cluster.delete_pod("default", next(n for n, node in on.items() if node != guarded))
+    world.cluster.create_pods(low_pods(1, prefix="free", cpu="2"))
+    settle_fully(world)
+    assert world.coordinator.state.pdbs  # from the watch
+    world.cluster.create_pods([high_pod(cpu="2")])
+    settle_fully(world)
+    pods = pods_by_name(world)
+    assert "free-0" not in pods  # the victim without a budget
+    assert sum(1 for n in pods if n.startswith("db-")) == 3
+    assert pods["high"]["spec"]["nodeName"] != guarded
+
+
+def test_negative_priorities_preempt_as_kube_orders_them(ledger):
+    world = World(ledger, n_nodes=1, shards=2)
+    world.cluster.create_pods(low_pods(4, priority=-10))
+    world.settle()
+    world.cluster.create_pods([high_pod("zero", priority=0), high_pod("below", priority=-20)])
+    settle_fully(world)
+    pods = pods_by_name(world)
+    assert pods["zero"]["spec"].get("nodeName") == "node-00000"
+    assert not pods["below"]["spec"].get("nodeName")
+    assert world.coordinator.state.counters["victims"] == 2
+
+
+class _NoPriorityAdmission:
+    """A cluster without the Priority admission plugin: pod ``gold`` comes with its
+    ``priorityClassName`` unresolved (no ``spec.priority``), naming a class that does not exist."""
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def list_pods(self):
+        pods, rv = self._cluster.list_pods()
+        for p in pods:
+            if p["metadata"]["name"] == "gold":
+                p["spec"] = {k: v for k, v in p["spec"].items() if k != "priority"} | {"priorityClassName": "gold"}
+        return pods, rv
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+def test_an_unknown_priority_class_is_reported_and_the_rest_preempt(ledger):
+    world = full_world(ledger)
+    world.cluster.create_pods([high_pod("gold"), high_pod()])
+    world.coordinator.state.cluster.channel.target = _NoPriorityAdmission(world.cluster)
+    world.coordinator.relist()
+    settle_fully(world)
+    assert ("FailedScheduling", "invalid pod spec: spec.priorityClassName: no PriorityClass with name 'gold' "
+            "was found") in reasons(world, "gold")
+    pods = pods_by_name(world)
+    assert pods["high"]["spec"].get("nodeName") and not pods["gold"]["spec"].get("nodeName")
+    assert world.coordinator.status()["invalid"] == 1
+
+
+class _BadBudgetInList:
+    """A cluster whose PDB list also holds a budget with a selector that does not parse (an older
+    API server, or an object written around validation)."""
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def list_pdbs(self):
+        pdbs, rv = self._cluster.list_pdbs()
+        bad = {"metadata": {"name": "broken", "namespace": "default"},
+               "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "Sideways"}]}},
+               "status": {"disruptionsAllowed": 0}}
+        return pdbs + [bad], rv
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+def test_a_budget_with_a_bad_selector_is_left_out_and_the_others_hold(ledger, caplog):
+    world = full_world(ledger)
+    world.cluster.create_pdb({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                              "metadata": {"name": "good", "namespace": "default"},
+                              "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "low"}}}})
+    world.coordinator.state.cluster.channel.target = _BadBudgetInList(world.cluster)
+    world.coordinator.relist()
+    assert set(world.coordinator.state.pdbs) == {"default/good"}
+    assert any("default/broken" in r.getMessage() for r in caplog.records)
+    world.cluster.create_pods([high_pod()])
+    settle_fully(world)
+    # every victim breaks the good budget; kube still preempts (violations are a tie-break, not a ban)
+    assert pods_by_name(world)["high"]["spec"].get("nodeName")
+
+
+class _RacingDeletes:
+    """A cluster where each victim is deleted by someone else just before the scheduler's delete
+    (404), or deleted and re-created under its name (the uid precondition then fails: 409)."""
+
+    def __init__(self, cluster, recreate: bool) -> None:
+        self._cluster = cluster
+        self.recreate = recreate
+
+    def delete_pod(self, namespace, name, uid=None, grace_period_s=None):
+        stored = self._cluster.get_pod(namespace, name)
+        self._cluster.delete_pod(namespace, name)
+        if self.recreate:
+            again = pod(name, cpu="1").with_priority(LOW)
+            again.spec["schedulerName"] = "other-scheduler"  # not ours: it stays pending
+            self._cluster.create_pods([again])
+        return self._cluster.delete_pod(namespace, name, stored["metadata"]["uid"], grace_period_s)
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+@pytest.mark.parametrize("recreate", [False, True], ids=["404", "409"])
+def test_a_victim_gone_or_recreated_before_the_delete_counts_as_gone(ledger, recreate):
+    world = full_world(ledger)
+    world.coordinator.state.cluster.channel.target = _RacingDeletes(world.cluster, recreate)
+    world.cluster.create_pods([high_pod()])
+    settle_fully(world)
+    pods = pods_by_name(world)
+    assert pods["high"]["spec"].get("nodeName")
+    bound_low = [n for n, p in pods.items() if n.startswith("low-") and p["spec"].get("nodeName")]
+    assert len(bound_low) == 6
+
+
+def test_the_embedded_runtime_preempts_on_a_full_cluster(redis_server, ray_session):
+    """End to end on the runtime's actors (the simulated cluster, the coordinator and two shards as
+    Ray actors, as `EmbeddedRun` starts them): a high-priority pod on a full cluster is bound after
+    two victims are deleted, with the Events and nominatedNodeName in the simulated cluster and the
+    coordinator's preemption metrics."""
+    from test_runtime import Deployment
+
+    from shardsched.sim import uniform_nodes
+
+    with Deployment(redis_server.url, uniform_nodes(2, cpu="4"), shards=2) as d:
+        d.create([plain(p) for p in low_pods(8)])  # the actor cannot import the test's builders
+        d.wait_settled()
+        [created] = d.ask(d.cluster.create_pods, [plain(high_pod())])
+        deadline = time.monotonic() + 30
+        while True:
+            pods = {p["metadata"]["name"]: p for p in d.ask(d.cluster.list_pods)[0]}
+            if pods["high"]["spec"].get("nodeName"):
+                break
+            assert time.monotonic() < deadline, f"not bound: {d.ask(d.coordinator.status)}"
+            time.sleep(0.1)
+        node = pods["high"]["spec"]["nodeName"]
+        gone = [f"low-{i}" for i in range(8) if f"low-{i}" not in pods]
+        victim_events = {name: d.ask(d.cluster.events_for, "default", name) for name in gone}
+        high_events = d.ask(d.cluster.events_for, "default", "high")
+        status = d.ask(d.coordinator.status)
+        samples = {name: fam for name, _, _, fam in d.ask(d.coordinator.metric_samples)}
+        inv = d.ask(d.cluster.invariants)
+    assert len(gone) == 2 and status["preemptions"] == 1 and status["victims"] == 2
+    assert pods["high"]["status"]["nominatedNodeName"] == node
+    for name, events in victim_events.items():
+        assert [e["message"] for e in events if e["reason"] == "Preempted"] == [
+            f"Preempted by pod {created['metadata']['uid']} on node {node}"], name
+    assert any(e["reason"] == "FailedScheduling" and e["message"] == "0/2 nodes are available: 2 Insufficient cpu."
+               for e in high_events)
+    attempts = samples["shardsched_scheduler_preemption_attempts"]
+    assert [v for n, _, v in attempts if n.endswith("_total")] == [1.0]
+    victims = samples["shardsched_scheduler_preemption_victims"]
+    assert [v for n, _, v in victims if n.endswith("_sum")] == [2.0]
+    assert inv["overcommitted_nodes"] == [] and inv["double_binds"] == 0
