@@ -290,6 +290,37 @@ def preempted_now(world: World, names: list[str]) -> list[str]:
             if e["reason"] == "Preempted" for _ in range(e.get("count", 1))]
 
 
+def test_a_new_coordinator_keeps_a_nomination_it_finds_on_the_pod_and_deletes_nothing_more(ledger):
+    """The coordinator is replaced while the victims terminate: the new one (new shards, same
+    cluster and ledger) takes the preemptor's nomination from ``status.nominatedNodeName``, records
+    it in the ledger with the victims it sees terminating, deletes no other pod, and the preemptor
+    binds once the victims are gone."""
+    clock = [0.0]
+    world = World(ledger, n_nodes=1, shards=2,
+                  cluster=SimCluster(seed=0, clock=lambda: clock[0], grace_period_scale=1.0))
+    world.cluster.create_pods(low_pods(4))
+    world.settle()
+    [created] = world.cluster.create_pods([high_pod()])
+    settle_fully(world)
+    assert world.coordinator.state.counters["victims"] == 2
+    ledger.unnominate({created["metadata"]["uid"]: "node-00000"})  # as if Redis lost it too
+    again = World(ledger, n_nodes=0, shards=2, cluster=world.cluster)  # the old one is no longer stepped
+    state = again.coordinator.state
+    assert state.preempting[created["metadata"]["uid"]].node == "node-00000"
+    settle_fully(again)
+    again.coordinator._renew_nominations()  # what its health thread does every period
+    assert ledger.nominations("node-00000") == {created["metadata"]["uid"]: HIGH}
+    retry_all(again)
+    assert state.counters["victims"] == 0 and not pods_by_name(again)["high"]["spec"].get("nodeName")
+    clock[0] += 31
+    again.cluster.list_pods()
+    settle_fully(again)
+    pods = pods_by_name(again)
+    assert pods["high"]["spec"].get("nodeName") == "node-00000"
+    assert len(pods) == 3  # the two pods that were not victims are kept
+    assert state.counters["victims"] == 0
+
+
 def test_a_pod_disruption_budget_steers_the_preemption_to_the_unprotected_node(ledger):
     world = World(ledger, n_nodes=2, shards=2)
     world.cluster.create_pods(low_pods(4, prefix="db", cpu="2"))  # two per node

@@ -28,7 +28,7 @@ from shardsched.sharding.coordinator.ledger_sync import LedgerSync
 from shardsched.sharding.coordinator.nominator import unnominate
 from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.partition import assign_new, repartition
-from shardsched.sharding.coordinator.state import CoordinatorState
+from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
 from shardsched.sharding.calls import RemoteUnavailable
 from shardsched.store.ledger import BoundPod, NodeEntry
 
@@ -302,6 +302,11 @@ class Intake:
                 new[uid] = pod
             else:
                 new.pop(uid, None)
+            nominated = (obj.get("status") or {}).get("nominatedNodeName")
+            if nominated and isinstance(nominated, str) and uid not in state.preempting:
+                # written before this coordinator (a restart, a failover): kept, as upstream's
+                # nominator is rebuilt from the pods; the ledger gets it at the next renewal
+                state.preempting[uid] = Nomination(nominated)
         self.ledger_sync.owe_pods(observe, forget)
         self.ledger_sync.flush()
         self.preemption.forget(preemptors_done)

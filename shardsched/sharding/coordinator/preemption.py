@@ -219,11 +219,12 @@ class Preemption:
         """Clear the pod's nomination (a PostFilter that found no node): the ledger's, the API's
         ``status.nominatedNodeName``; the victims stay remembered. Safe for any pod."""
         held = self.state.preempting.get(pod.uid)
-        if held is None or not held.node:
+        if held is None:
             return
-        self._unnominate_ledger({pod.uid: held.node})
-        held.node = ""
-        self._write_nominated_node_name(pod, "")
+        if held.node:
+            self._unnominate_ledger({pod.uid: held.node})
+            held.node = ""
+        self._write_nominated_node_name(pod, "")  # no request when the pod has none (the backends check)
 
     def _clear_uid(self, uid: str, node: str) -> None:
         """A lower-priority preemptor lost its nomination on ``node`` to a new one (the ledger
@@ -247,20 +248,25 @@ class Preemption:
         self._unnominate_ledger(gone)
 
     def renew(self) -> None:
-        """Extend the live nominations in the ledger; one lost (a Redis restart) is recorded again
-        (and may be refused: its preemptor is then re-evaluated at its next attempt). Call with the
-        state lock held."""
+        """Extend the live nominations in the ledger. One the ledger lost (a Redis restart) or
+        never had (a nomination this coordinator found on a pod's status after a restart) is
+        recorded again, with the pod's victims: those it remembers and the pods of lower priority
+        still terminating by a preemption on the node; refused, the nomination is dropped and the
+        preemptor re-evaluated at its next attempt. Call with the state lock held."""
         state = self.state
-        live = {uid: n.node for uid, n in state.preempting.items() if n.node}
+        live = {uid: n.node for uid, n in state.preempting.items() if n.node and uid in state.pending}
         if not live:
             return
         try:
             renewed = state.ledger.renew_nominations(live, NOMINATION_TTL_MS)
             for uid in set(live) - renewed:
-                t = state.pending.get(uid)
-                held = state.preempting[uid]
-                if t is None or not state.ledger.nominate(uid, held.node, t.pod.priority, t.pod.requests,
-                                                          list(held.victims), NOMINATION_TTL_MS).ok:
+                pod, held = state.pending[uid].pod, state.preempting[uid]
+                slot = state.table.index.get(held.node)
+                going = [] if slot is None else [u.uid for u in state.table.pods[slot].values()
+                                                 if u.deleting and u.preempted and u.priority < pod.priority]
+                victims = list(dict.fromkeys([*held.victims, *going]))
+                if not state.ledger.nominate(uid, held.node, pod.priority, pod.requests, victims,
+                                             NOMINATION_TTL_MS).ok:
                     held.node = ""
         except TemporaryError as e:
             state.last_error = f"nominations not renewed: {e}"
