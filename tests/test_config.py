@@ -203,9 +203,20 @@ def test_v1beta3_is_accepted_with_a_warning(caplog):
 @pytest.mark.parametrize("path", sorted(DEPLOY.glob("*.yaml")), ids=lambda p: p.name)
 def test_deploy_examples_load(path):
     config = load_config(path)
+    sort = "Coscheduling" if path.name == "coscheduling.yaml" else "PrioritySort"
     for prof in config.profiles:
-        assert [r.name for r in prof.enabled("queueSort")] == ["PrioritySort"]
+        assert [r.name for r in prof.enabled("queueSort")] == [sort]
         assert prof.enabled("bind")
+
+
+def test_every_profile_has_the_same_queue_sort():
+    """upstream's validateCommonQueueSort: one queue orders the pods of every profile."""
+    with pytest.raises(ConfigError, match=r"profiles\[1\]\.plugins\.queueSort: queueSort must be the same for all "
+                                          r"profiles \(profiles\[0\]'s: PrioritySort\)"):
+        parse({**doc(), "profiles": [
+            {"schedulerName": "a"},
+            {"schedulerName": "b", "plugins": {"queueSort": {"enabled": [{"name": "Coscheduling"}],
+                                                             "disabled": [{"name": "PrioritySort"}]}}}]})
 
 
 def test_default_example_is_exactly_the_defaults(caplog):

@@ -30,6 +30,7 @@ import yaml
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.api.podgroup import API_VERSION as POD_GROUP_API_VERSION, PodGroup
 from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, WorkloadSelector, workload_selector_of
 from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
                                        pod_problems)
@@ -37,10 +38,10 @@ from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
-SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget") + SPREAD_SELECTOR_KINDS
+SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget", "PodGroup") + SPREAD_SELECTOR_KINDS
 _DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1",
-                        "PodDisruptionBudget": "policy/v1", "Service": "v1", "ReplicationController": "v1",
-                        "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1"}
+                        "PodDisruptionBudget": "policy/v1", "PodGroup": POD_GROUP_API_VERSION, "Service": "v1",
+                        "ReplicationController": "v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1"}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
 
@@ -75,6 +76,8 @@ class Manifests:
         pdbs: valid PodDisruptionBudget objects (raw dicts) with their location.
         spread_selectors: valid Services, ReplicationControllers, ReplicaSets and StatefulSets (raw
             dicts) with their location: their selectors are PodTopologySpread's default selectors.
+        pod_groups: PodGroup objects (``scheduling.x-k8s.io/v1alpha1``, raw dicts) with their
+            location; `parse_pod_groups` checks them.
         namespace_labels: Namespace name -> its labels, with ``kubernetes.io/metadata.name`` set as
             the API server sets it (read by pod affinity's ``namespaceSelector``).
         errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
@@ -89,6 +92,7 @@ class Manifests:
     default_priority: int = 0
     pdbs: list[tuple[str, dict]] = field(default_factory=list)
     spread_selectors: list[tuple[str, dict]] = field(default_factory=list)
+    pod_groups: list[tuple[str, dict]] = field(default_factory=list)
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -296,7 +300,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     rng = random.Random(seed)
     seen: dict[str, dict[str, str]] = {kind: {} for kind in SUPPORTED_KINDS}
     namespaced = lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"  # noqa: E731
-    keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced, **{k: namespaced for k in SPREAD_SELECTOR_KINDS}}
+    keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced, "PodGroup": namespaced,
+            **{k: namespaced for k in SPREAD_SELECTOR_KINDS}}
     for raw_path in paths:
         path = Path(raw_path)
         out.seq.setdefault(str(path), len(out.seq))
@@ -343,7 +348,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 obj, nulls = _null_quantities(kind, obj)
                 out.warnings.extend(f"{where}: {path}: null is read as 0, as the API server reads a null quantity"
                                     for path in nulls)
-            problem = check(obj)
+            # a PodGroup is a custom resource: no built-in schema; `parse_pod_groups` checks it
+            problem = None if kind == "PodGroup" else check(obj)
             if problem:
                 out.error(where, f"invalid {kind}: {problem}")
                 continue
@@ -377,6 +383,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.pdbs.append((where, obj))
             elif kind in SPREAD_SELECTOR_KINDS:
                 out.spread_selectors.append((where, obj))
+            elif kind == "PodGroup":
+                out.pod_groups.append((where, obj))
             else:
                 out.pods.append((where, obj))
     return out
@@ -410,6 +418,13 @@ def parse_spread_selectors(m: Manifests) -> list[WorkloadSelector]:
     return [w for kind in SPREAD_SELECTOR_KINDS
             for w in _parse(m, [(where, o) for where, o in m.spread_selectors if o["kind"] == kind], kind,
                             workload_selector_of)]
+
+
+def parse_pod_groups(m: Manifests) -> list[PodGroup]:
+    """PodGroup views of the valid groups; an invalid one (``spec.minMember`` below 1, which its
+    CRD refuses, a malformed quantity) is appended to ``m.errors``."""
+    return _parse(m, [(w, {**o, "metadata": {"namespace": "default", **o["metadata"]}}) for w, o in m.pod_groups],
+                  "PodGroup", PodGroup.from_object)
 
 
 def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:

@@ -360,6 +360,19 @@ class GPUDeviceArgs(PluginArgs):
     typical_pods: list[TypicalPodSpec] = Field(default_factory=list)
 
 
+class CoschedulingArgs(PluginArgs):
+    """Args of Coscheduling (scheduler-plugins' ``CoschedulingArgs``, v0.34; `shardsched.plugins.coscheduling`).
+
+    Attributes:
+        permit_waiting_time_seconds: how long a member of a PodGroup without
+            ``scheduleTimeoutSeconds`` waits at Permit for its siblings, >= 0; default 60.
+
+    Upstream's ``podGroupBackoffSeconds`` is not implemented (an unknown field here).
+    """
+
+    permit_waiting_time_seconds: int = Field(60, ge=0)
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "InterPodAffinity": InterPodAffinityArgs,
@@ -370,6 +383,7 @@ ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "NodeLabel": NodeLabelArgs,
     "DefaultPreemption": DefaultPreemptionArgs,
     "GPUDevice": GPUDeviceArgs,
+    "Coscheduling": CoschedulingArgs,
 }
 
 

@@ -173,6 +173,11 @@ def _profiles(spec: FileSpec) -> tuple[list[Profile], Problems]:
         profile, profile_problems = _profile(profile_spec, name or "", loc, spec.percentage_of_nodes_to_score)
         problems += profile_problems
         if profile is not None:
+            if profiles and profile.plugins.get("queueSort") != profiles[0].plugins.get("queueSort"):
+                # upstream's validateCommonQueueSort: one queue orders the pods of every profile
+                problems.append((render_path(loc + ("plugins", "queueSort")),
+                                 "queueSort must be the same for all profiles (profiles[0]'s: "
+                                 f"{', '.join(r.name for r in profiles[0].plugins.get('queueSort', ()))})"))
             profiles.append(profile)
     return profiles, problems
 
@@ -195,6 +200,10 @@ def _profile(spec: ProfileSpec, name: str, loc: Loc, percentage: int | None) -> 
     if "queueSort" not in plugins:
         problems.append((render_path(loc + ("plugins", "queueSort")),
                          "exactly one queueSort plugin is required (PrioritySort); all are disabled"))
+    elif len(plugins["queueSort"]) > 1:
+        problems.append((render_path(loc + ("plugins", "queueSort")),
+                         "exactly one queueSort plugin is required; enabled: "
+                         + ", ".join(r.name for r in plugins["queueSort"])))
     if "bind" not in plugins:
         problems.append((render_path(loc + ("plugins", "bind")),
                          "at least one bind plugin is required (DefaultBinder); all are disabled"))

@@ -46,6 +46,9 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "NodeLabel": ("filter", "score"),
     # shardsched's own: per-device GPU fit and fragmentation-aware scores (docs/gpu.md), not in the defaults
     "GPUDevice": ("preFilter", "filter", "preScore", "score"),
+    # scheduler-plugins' (v0.34), not in the defaults: gangs (docs/gangs.md); upstream's PostFilter is not
+    # implemented
+    "Coscheduling": ("queueSort", "preFilter", "reserve", "permit"),
 }
 SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 

@@ -36,6 +36,7 @@ import numpy as np
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.diagnosis import Diagnosis
 from shardsched.framework.status import Status
@@ -342,15 +343,18 @@ class WaitingPod:
 
 
 class Handle:
-    """What plugins reach of the framework (upstream ``framework.Handle``): the cluster client
-    and the pods waiting at Permit. Plugins that need it get it from their factory.
+    """What plugins reach of the framework (upstream ``framework.Handle``): the cluster client,
+    the pods waiting at Permit and the PodGroups. Plugins that need it get it from their factory.
 
     Attributes:
         client: where binds go (`BindClient`), or None where nothing is bound (``simulate``).
+        pod_groups: the PodGroups and their members (`PodGroupCache`, upstream's PodGroup and pod
+            listers), kept current by whoever holds the cluster's view.
     """
 
-    def __init__(self, client: BindClient | None = None) -> None:
+    def __init__(self, client: BindClient | None = None, pod_groups: PodGroupCache | None = None) -> None:
         self.client = client
+        self.pod_groups = pod_groups if pod_groups is not None else PodGroupCache()
         self._waiting: dict[str, WaitingPod] = {}
         self._lock = threading.Lock()
 

@@ -60,6 +60,10 @@ class Framework:
         pre_filter_plugins: the PreFilter of every Filter plugin, then the stand-ins of the profile's
             ``guarded_plugins`` (``Registry.stand_ins``), in kube's order; the scheduler
             runs them in this order and stops at the first rejection.
+        state_pre_filter_plugins: PreFilter plugins enabled at ``preFilter`` that have no Filter
+            (Coscheduling): their answer depends on more than the pod's spec and the nodes (a
+            gang's members), so the scheduler runs them at every attempt, before its cached
+            decision, and a rejection rejects the pod on every node.
         post_filter_plugins: PostFilter plugins in profile order (DefaultPreemption).
         score_plugins: Score plugins with weights.
         reserve_plugins, permit_plugins, pre_bind_plugins, bind_plugins, post_bind_plugins: the
@@ -118,6 +122,9 @@ class Framework:
             p for p in (get(r.name) for r in points.get("filter", ())) if isinstance(p, FilterPlugin)]
         self.pre_filter_plugins: list[PreFilterPlugin] = [
             *self.filter_plugins, *(registry.stand_ins[name]() for name in profile.guarded_plugins)]
+        self.state_pre_filter_plugins: list[PreFilterPlugin] = [
+            p for p in (get(r.name) for r in points.get("preFilter", ()))
+            if isinstance(p, PreFilterPlugin) and not isinstance(p, FilterPlugin)]
         self.post_filter_plugins: list[PostFilterPlugin] = [
             p for p in (get(r.name) for r in points.get("postFilter", ())) if isinstance(p, PostFilterPlugin)]
         self.score_plugins: list[WeightedScore] = [

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from shardsched.framework.interface import Plugin
 from shardsched.framework.runtime import Registry
+from shardsched.plugins.coscheduling import plugin as coscheduling
 from shardsched.plugins.defaultbinder import plugin as defaultbinder
 from shardsched.plugins.defaultpreemption import plugin as defaultpreemption
 from shardsched.plugins.gpudevice import plugin as gpudevice
@@ -47,6 +48,7 @@ REGISTRY: dict[str, Factory] = {
     defaultbinder.NAME: defaultbinder.new,
     nodelabel.NAME: nodelabel.new,
     gpudevice.NAME: gpudevice.new,
+    coscheduling.NAME: coscheduling.new,
 }
 
 #: plugins whose Filter needs every node of the cluster and its pods; their factories also take
@@ -55,7 +57,7 @@ CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME})
 
 #: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
 #: at Permit), as upstream factories take ``framework.Handle``
-WITH_HANDLE = frozenset({defaultbinder.NAME})
+WITH_HANDLE = frozenset({defaultbinder.NAME, coscheduling.NAME})
 
 #: the in-tree plugins, the stand-ins of the unimplemented ones (`shardsched.plugins.unimplemented`)
 IN_TREE = Registry(REGISTRY, CLUSTER_WIDE, WITH_HANDLE,
@@ -78,4 +80,5 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     defaultbinder.NAME: ("bind",),
     nodelabel.NAME: ("filter", "score"),
     gpudevice.NAME: ("preFilter", "filter", "preScore", "score"),
+    coscheduling.NAME: ("queueSort", "preFilter", "reserve", "permit"),
 }

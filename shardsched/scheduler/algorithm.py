@@ -140,6 +140,10 @@ class GenericScheduler:
         if table.num_nodes == 0:
             return ScheduleResult(pod, None, Status.unschedulable(NO_NODES_MESSAGE))
         t0, counted = time.perf_counter(), self.duration_s[FILTER] + self.duration_s[SCORE]
+        rejected = self._state_pre_filter(pod)
+        if rejected is not None:
+            self.duration_s[FILTER] += time.perf_counter() - t0
+            return ScheduleResult(pod, None, self._prefilter_status(rejected))
         if pod.nominated_node_name:
             result = self._schedule_nominated(pod)
         elif self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
@@ -189,6 +193,9 @@ class GenericScheduler:
         (`PostFilterHandle.pre_filter`): the cycle state, the Filter plugins not skipped (profile
         order), and Success or the first rejection with its code and the plugin's name."""
         table, state = self.table, CycleState()
+        rejected = self._state_pre_filter(pod)
+        if rejected is not None:
+            return rejected
         active: list[FilterPlugin] = []
         for f in self.framework.pre_filter_plugins:
             st = f.pre_filter(state, pod, table)
@@ -241,6 +248,15 @@ class GenericScheduler:
     def invalidate(self) -> None:
         """Drop every cached signature (e.g. after the table was rebuilt)."""
         self.cache.clear()
+
+    def _state_pre_filter(self, pod: PodInfo) -> Status | None:
+        """The first rejection of the profile's uncached PreFilter plugins
+        (``Framework.state_pre_filter_plugins``), with the plugin's name; None when all pass."""
+        for f in self.framework.state_pre_filter_plugins:
+            st = f.pre_filter(CycleState(), pod, self.table)
+            if st.is_rejected() or st.code == Code.ERROR:
+                return Status(st.code, st.reasons, f.name)
+        return None
 
     # ------------------------------------------------------------------ cache
     def _entry(self, pod: PodInfo) -> _Entry:

@@ -9,6 +9,14 @@ PreEnqueue plugins keep out of the queue (SchedulingGates: ``spec.schedulingGate
 is Gated, with the plugin's message, and not placed. Each pod gets one attempt: an unschedulable
 pod is a result, not retried.
 
+Gangs (PodGroups in the input, a profile with Coscheduling): the members of a group are attempted
+in queue order (Coscheduling's QueueSort keeps them together), each assumed on its node; after the
+group's last member the gang is decided: when its bound and placed members reach ``minMember``
+the placed ones are Scheduled, otherwise none is: the placed members leave their nodes (the pods
+after them see the room) and every member is Unschedulable with the gang's words and the first
+failure's, ``pod group default/train: 2/3 members schedulable; default/train-2: 0/2 nodes are
+available: 2 Insufficient cpu.`` (a member Coscheduling's PreFilter rejected keeps its message).
+
 Preemption (the profile's PostFilter, DefaultPreemption): a pod that fits no node may nominate one
 where deleting pods of lower priority makes room (PodDisruptionBudgets from the input are read as
 given). Its victims are reported ``Preempted``; a victim whose ``terminationGracePeriodSeconds`` is
@@ -34,13 +42,15 @@ from typing import Callable
 
 import dataclasses
 
-from shardsched.api.manifests import (ManifestError, parse_nodes, parse_pdbs, parse_pods, parse_spread_selectors,
-                                      read_manifests)
+from shardsched.api.manifests import (ManifestError, parse_nodes, parse_pdbs, parse_pod_groups, parse_pods,
+                                      parse_spread_selectors, read_manifests)
 from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.config import load_config
-from shardsched.framework.interface import PostFilterResult
+from shardsched.framework.interface import Handle, PostFilterResult
+from shardsched.plugins.coscheduling.plugin import NAME as COSCHEDULING
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult, build_schedulers
 
 SCHEDULED, UNSCHEDULABLE, SKIPPED, GATED, PREEMPTED = "Scheduled", "Unschedulable", "Skipped", "Gated", "Preempted"
@@ -59,6 +69,8 @@ class PodOutcome:
     #: the node the pod was nominated to by its preemption (kept after it binds, as kube keeps
     #: status.nominatedNodeName), None if never nominated or the nomination was cleared
     nominated_node: str | None = None
+    #: the plugin that rejected an Unschedulable pod's attempt (not in the report)
+    plugin: str = ""
 
     def to_json(self) -> dict:
         out = {"namespace": self.namespace, "name": self.name, "node": self.node, "status": self.status,
@@ -149,6 +161,45 @@ class _Preemptions:
             self.table.remove_pod(uid)
 
 
+class _Gangs:
+    """The gangs of one simulation (module docstring): each group decided after its last pending
+    member's attempt."""
+
+    def __init__(self, table: NodeTable, groups: PodGroupCache, pending: list[PodInfo]) -> None:
+        self.table = table
+        self.groups = groups
+        self.last: dict[str, str] = {}  # group key -> uid of its last pending member in queue order
+        for pod in pending:
+            key = groups.group_of(pod)[0]
+            if key is not None:
+                self.last[key] = pod.uid
+        self.outcomes: dict[str, list[tuple[PodInfo, PodOutcome]]] = {}
+
+    def attempted(self, pod: PodInfo, outcome: PodOutcome) -> None:
+        key, group = self.groups.group_of(pod)
+        if key is None:
+            return
+        self.outcomes.setdefault(key, []).append((pod, outcome))
+        if self.last.get(key) == pod.uid and group is not None:
+            self._decide(key, group.min_member, self.outcomes.pop(key))
+
+    def _decide(self, key: str, min_member: int, outcomes: list[tuple[PodInfo, PodOutcome]]) -> None:
+        placed = [(p, o) for p, o in outcomes if o.status == SCHEDULED]
+        bound = sum(1 for m in self.groups.members(key) if m.bound)
+        if bound + len(placed) >= min_member:
+            return
+        failed = next(((p, o) for p, o in outcomes if o.status != SCHEDULED), None)
+        why = f"pod group {key}: {bound + len(placed)}/{min_member} members schedulable"
+        if failed is not None:
+            why += f"; {failed[0].key}: {failed[1].reason}"
+        for p, o in outcomes:
+            if o.status == SCHEDULED:
+                self.table.remove_pod(p.uid)
+                o.node, o.status, o.reason = None, UNSCHEDULABLE, why
+            elif o.status == UNSCHEDULABLE and o.plugin != COSCHEDULING:
+                o.reason = why
+
+
 def _place(sched: GenericScheduler, pod: PodInfo, requests: dict[str, int], preemptions: _Preemptions) -> PodOutcome:
     """The pod's attempt, and when its PostFilter nominated a node, the attempt after its victims
     are gone: Scheduled there, or Unschedulable and waiting, nominated, for terminating victims."""
@@ -157,7 +208,8 @@ def _place(sched: GenericScheduler, pod: PodInfo, requests: dict[str, int], pree
         return PodOutcome(pod.namespace, pod.name, result.node, SCHEDULED,
                           f"Successfully assigned {pod.key} to {result.node}", requests, [], None)
     if pf is None or not pf.status.is_success():
-        return PodOutcome(pod.namespace, pod.name, None, UNSCHEDULABLE, _message(result), requests, [], None)
+        return PodOutcome(pod.namespace, pod.name, None, UNSCHEDULABLE, _message(result), requests, [], None,
+                          result.status.plugin)
     preemptions.prepare(pod, pf)
     victims = sorted(u.key for u in pf.victims)
     nominated = pod.nominated(pf.nominated_node)
@@ -211,7 +263,11 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     table.add_nodes(nodes)
     pods = parse_pods(manifests)
     pdbs = parse_pdbs(manifests)
-    schedulers = build_schedulers(config, table, seed)
+    handle = Handle()
+    handle.pod_groups.set_groups({g.key: g for g in parse_pod_groups(manifests)}, {})
+    for _, pod in pods:
+        handle.pod_groups.add_pod(pod)
+    schedulers = build_schedulers(config, table, seed, handle=handle)
     for sched in schedulers.values():
         sched.pdbs = pdbs
     default_name = next(iter(schedulers))
@@ -237,6 +293,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
 
     unknown_scheduler: Counter[str] = Counter()
     preemptions = _Preemptions(table, report, {p.uid: p.grace_period_s for _, p in pods if p.bound})
+    gangs = _Gangs(table, handle.pod_groups, [p for _, p in pending])
     for done, (_, pod) in enumerate(pending):
         if progress is not None:
             progress(done, len(pending))
@@ -244,6 +301,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
         skip = _skip_reason(pod)
         if skip:
             report.pods.append(PodOutcome(pod.namespace, pod.name, None, SKIPPED, skip, requests))
+            gangs.attempted(pod, report.pods[-1])
             continue
         sched = schedulers.get(pod.scheduler_name)
         if sched is None:
@@ -252,8 +310,10 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
         gate = sched.framework.run_pre_enqueue_plugins(pod)
         if not gate.is_success():
             report.pods.append(PodOutcome(pod.namespace, pod.name, None, GATED, gate.message, requests))
+            gangs.attempted(pod, report.pods[-1])
             continue
         report.pods.append(_place(sched, pod, requests, preemptions))
+        gangs.attempted(pod, report.pods[-1])
     preemptions.end()
     for name, count in unknown_scheduler.items():
         report.warnings.append(

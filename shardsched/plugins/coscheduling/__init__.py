@@ -1,0 +1,1 @@
+"""Coscheduling: gangs (PodGroups) placed all or nothing (scheduler-plugins' Coscheduling)."""
