@@ -409,7 +409,7 @@ def test_any_valid_plugins_section_resolves_consistently(plugins):
         if "*" not in [d["name"] for d in plugins.get(point, {}).get("disabled", [])]:
             continue
         assert names(prof).get(point, []) == [e["name"] for e in plugins[point].get("enabled", [])], point
-    assert [r.name for r in prof.enabled("queueSort")] == ["PrioritySort"]
+    assert len(prof.enabled("queueSort")) == 1
 
 
 # ---------------------------------------------------------------- validation errors and their paths
