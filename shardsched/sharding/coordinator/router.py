@@ -18,7 +18,7 @@ import numpy as np
 from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import CPU, MEMORY
 from shardsched.queue import QueuedPodInfo
-from shardsched.sharding.coordinator.nominator import nominate
+from shardsched.sharding.coordinator.nominator import needs_cluster_view, nominate
 from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
 
 
@@ -67,6 +67,21 @@ class Room:
             self._sums.append(sums)
             # volume that brings the top k nodes down to the k-th's share (non-decreasing in k)
             self._needs.append(sums - np.arange(1, len(d) + 1) * d)
+
+    def levels(self, shard: int, routed: int, m: int) -> np.ndarray:
+        """`level` after ``routed``, ``routed + 1``, ..., ``routed + m - 1`` pods, at once: float
+        array, shape (m,), non-increasing for a spreading profile (each pod takes free room off
+        the shard's emptiest nodes). Packing profiles are ranked pod by pod (`level`)."""
+        d = self._desc[shard]
+        if not len(d):
+            return np.full(m, -np.inf)
+        if self.packing:
+            return np.array([self.level(shard, routed + i) for i in range(m)])
+        volume = (routed + np.arange(m)) * self.cost
+        k = np.maximum(1, np.searchsorted(self._needs[shard], volume, side="right"))
+        out = (self._sums[shard][k - 1] - volume) / k
+        out[volume <= 0] = d[0]
+        return out
 
     def level(self, shard: int, routed: int) -> float:
         """The shard's rank for the next pod after ``routed`` pods (class docstring); -inf when it
@@ -143,26 +158,64 @@ def choose(state: CoordinatorState, room: Room, static: np.ndarray, exclude: set
     return int(np.argmax(levels))
 
 
+def choose_many(state: CoordinatorState, room: Room, static: np.ndarray, m: int) -> np.ndarray:
+    """The shards to route ``m`` pods of one signature to, in order: what `choose` gives pod by
+    pod, each pod counted in ``state.routed`` before the next is chosen (which this does too), for
+    the m pods at once. For a spreading profile each shard's `Room.levels` fall as pods are routed
+    to it, so pod-by-pod choice takes the m highest levels over all shards (ties to the lowest
+    index, as ``np.argmax``): one sort over shards x m instead of m Python turns over the shards.
+    A pod that fits nowhere goes to the shard with most matching nodes (which reports why).
+
+    Returns: int array, shape (m,), of shard indexes."""
+    k = len(state.shards)
+    alive = np.array([s.alive for s in state.shards], bool)
+    ok = np.flatnonzero(alive & (room.fits[:k] > 0))
+    if not len(ok):
+        out = np.full(m, int(np.argmax(static)) if static.any() else 0, np.int64)
+        state.routed[out[0]] += m
+        return out
+    if room.packing:  # levels rise as a node fills: pod by pod
+        out = np.empty(m, np.int64)
+        for i in range(m):
+            out[i] = choose(state, room, static)
+            state.routed[out[i]] += 1
+        return out
+    levels = np.concatenate([room.levels(int(s), int(state.routed[s]), m) for s in ok])
+    shard_of = np.repeat(ok, m)
+    top = np.lexsort((np.tile(np.arange(m), len(ok)), shard_of, -levels))[:m]
+    out = shard_of[top]
+    np.add.at(state.routed, out, 1)
+    return out
+
+
 def route(state: CoordinatorState, pods: list[PodInfo]) -> None:
-    """Track pending pods and send them to shards (one call per shard)."""
+    """Track pending pods and send them to shards (one call per shard, the pods in watch order).
+    Pods whose constraints need the whole cluster go to their nominated node's owner
+    (`nominate`); the others are routed a signature at a time (`choose_many`)."""
+    targets: list[int] = [0] * len(pods)
+    sent: list[PodInfo] = [pods[0]] * len(pods) if pods else []
+    groups: dict[str, list[int]] = defaultdict(list)  # signature -> indexes of the pods to route
+    cluster_view: dict[str, bool] = {}
+    for i, pod in enumerate(pods):
+        wide = cluster_view.get(pod.signature)
+        if wide is None:
+            wide = cluster_view[pod.signature] = needs_cluster_view(state, pod)
+        if wide:
+            target, nominated = nominate(state, pod)
+            if nominated is not None:
+                targets[i], sent[i] = target, nominated
+                state.routed[target] += 1
+                continue
+        groups[pod.signature].append(i)
+    for members in groups.values():
+        room, static = shard_counts(state, pods[members[0]])
+        for i, target in zip(members, choose_many(state, room, static, len(members)).tolist()):
+            targets[i], sent[i] = target, pods[i]
     by_shard: dict[int, list[PodInfo]] = defaultdict(list)
-    counts_cache: dict[str, tuple[Room, np.ndarray]] = {}
-    for pod in pods:
-        target, nominated = nominate(state, pod)
-        if nominated is not None:
-            pod = nominated
-        else:
-            counts = counts_cache.get(pod.signature)
-            if counts is None:
-                counts = counts_cache[pod.signature] = shard_counts(state, pod)
-            room, static = counts
-            target = choose(state, room, static)
-            if target is None:  # fits nowhere now: the shard with most matching nodes reports why
-                target = int(np.argmax(static)) if static.any() else 0
-        sent = slim(pod)  # kept and sent without the raw object: memory is per pending pod
-        state.pending[pod.uid] = Tracked(sent, target)
-        state.routed[target] += 1
-        by_shard[target].append(sent)
+    for pod, target in zip(sent, targets):
+        slimmed = slim(pod)  # kept and sent without the raw object: memory is per pending pod
+        state.pending[pod.uid] = Tracked(slimmed, target)
+        by_shard[target].append(slimmed)
     for index, items in by_shard.items():
         state.shards[index].client.add_pods(items)
     state.counters["routed"] += len(pods)
