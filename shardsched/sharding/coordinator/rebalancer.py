@@ -132,13 +132,14 @@ class Rebalancer:
         owner = state.owners.get(out.node) if out.node is not None else None
         if out.node is not None and (owner is None or not state.shards[owner].alive):
             out.kind, out.message = ERROR, out.message or f"node {out.node} has no live owner shard"
-        if out.kind == FITS and pod.uid not in state.preempting:
+        if out.kind == FITS and pod.uid not in state.preempting and not needs_cluster_view(state, pod):
             t.shard = owner
             state.routed[owner] += 1
             retry[owner].append(qpi)
             return
         if out.kind in (FITS, NOMINATED, WAITING):
-            # pinned to the node, assumed there in the whole-cluster table until it binds
+            # pinned to the node (a preemptor, or a pod whose node only the whole cluster's view can
+            # choose), assumed there in the whole-cluster table until it binds
             state.table.add_pod(PodUsage.of(pod), out.node)
             state.nominated[pod.uid] = out.node
             qpi.pod_info = pod.nominated(out.node)
