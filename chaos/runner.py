@@ -38,10 +38,11 @@ from shardsched.api.quantity import canonical_quantity
 from shardsched.config import load_config
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import MAX_CONCURRENCY
+from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
 from shardsched.sharding.embedded import EmbeddedRun
 from shardsched.sharding.run_control import RunOptions
 from shardsched.sharding.run_report import RunReport
-from shardsched.sharding.shard import CREATED_AT_ANNOTATION, ShardOptions
+from shardsched.sharding.shard import ShardOptions
 from shardsched.sim import SCHEDULER_NAME, uniform_nodes, uniform_pods
 
 ZONE_LABEL = "topology.kubernetes.io/zone"

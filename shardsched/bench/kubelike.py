@@ -46,7 +46,7 @@ from shardsched.errors import InvalidObjectError
 from shardsched.queue import NODE_ADD, SchedulingQueue
 from shardsched.scheduler.algorithm import num_feasible_nodes_to_find
 from shardsched.scheduler.algorithm import build_schedulers
-from shardsched.sharding.shard import CREATED_AT_ANNOTATION
+from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import FaultConfig, SimCluster
 
 #: kube's adaptive percentageOfNodesToScore

@@ -15,7 +15,7 @@ from shardsched.cluster import POD, AlreadyExists, Conflict
 from shardsched.kube.client import MERGE_PATCH, Api, ClientSpec
 from shardsched.kube.informer import Reflector, list_all
 from shardsched.kube.watches import BOUND, Store, WatchSpec
-from shardsched.sharding.shard import CREATED_AT_ANNOTATION
+from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
 
 log = logging.getLogger(__name__)
 

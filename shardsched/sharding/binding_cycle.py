@@ -403,24 +403,34 @@ class ShardBinding:
     def _reserve_failed(self, batch: Batch, failures: dict[int, Failure], handoffs: list[Handoff]) -> None:
         """Pods the Reserve refused (rolled back already): back with backoff, the node's ledger
         usage into the table after INSUFFICIENT, or to the rebalancer when FENCED."""
-        s = self.shard
         codes = batch.state.get(CODES_KEY, {})
         fenced = False
         for i, f in failures.items():
-            q = batch.qpis[i]
-            s.stats.reserve_failures += 1
-            code = codes.get(q.pod_info.uid) if f.status.plugin == LEDGER else None
-            if code == ReserveCode.FENCED:
-                handoffs.append(Handoff(q, FENCED, f.status.message))
-                fenced = True
-                continue
-            if code == ReserveCode.INSUFFICIENT:
-                self._refresh_node(batch.nodes[i])
-                s.metrics.requeues.labels(INSUFFICIENT).inc()
-            q.last_failure_reason = f.status.message
-            s.queue.requeue_backoff(q)
+            fenced |= self._refused(batch.qpis[i], f, codes, handoffs, batch.nodes[i])
         if fenced:
-            s._resync_epoch()
+            self.shard._resync_epoch()
+
+    def _refused(self, q: QueuedPodInfo, f: Failure, codes: dict[str, ReserveCode], handoffs: list[Handoff],
+                 node: str) -> bool:
+        """One pod refused at Reserve or Permit (rolled back already), by the ledger (its code in
+        ``codes``) or by a profile's plugin: to the rebalancer when FENCED (returns True: the
+        caller re-reads the epoch once), else back with backoff, after refreshing ``node``'s
+        ledger usage into the table when Reserve found it INSUFFICIENT, or counting the lease lost
+        at Permit."""
+        s = self.shard
+        s.stats.reserve_failures += 1
+        code = codes.get(q.pod_info.uid) if f.status.plugin == LEDGER else None
+        if code == ReserveCode.FENCED:
+            handoffs.append(Handoff(q, FENCED, f.status.message))
+            return True
+        if code == ReserveCode.INSUFFICIENT:
+            self._refresh_node(node)
+            s.metrics.requeues.labels(INSUFFICIENT).inc()
+        elif code == ReserveCode.LEASE_LOST and f.point == PERMIT:
+            s.metrics.leases.labels("lost").inc()
+        q.last_failure_reason = f.status.message
+        s.queue.requeue_backoff(q)
+        return False
 
     def _apply(self, batch: Batch, failures: dict[int, Failure] | None, redis_error: TemporaryError | None,
                handoffs: list[Handoff]) -> None:
@@ -446,16 +456,7 @@ class ShardBinding:
                 self._bound(q, now, now_mono)
                 bound_by_profile[q.pod_info.scheduler_name] += 1
             elif f.point == PERMIT:
-                s.stats.reserve_failures += 1
-                code = codes.get(q.pod_info.uid) if f.status.plugin == LEDGER else None
-                if code == ReserveCode.FENCED:
-                    handoffs.append(Handoff(q, FENCED, f.status.message))
-                    fenced = True
-                    continue
-                if code == ReserveCode.LEASE_LOST:
-                    s.metrics.leases.labels("lost").inc()
-                q.last_failure_reason = f.status.message
-                s.queue.requeue_backoff(q)
+                fenced |= self._refused(q, f, codes, handoffs, batch.nodes[i])
             else:
                 self._bind_failed(q, f, bind_codes.get(q.pod_info.uid, (0, ""))[0] if f.point == BIND else 0, handoffs)
         if fenced:

@@ -41,8 +41,7 @@ from shardsched.framework.interface import Handle
 from shardsched.metrics import UNSCHEDULABLE, ShardMetrics
 from shardsched.queue import ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, QueuedPodInfo, SchedulingQueue
 from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
-# CREATED_AT_ANNOTATION and yield_writes_to_binds are the shard's names too (their users import them here)
-from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION, MarkedBinds, ShardBinding, yield_writes_to_binds  # noqa: F401
+from shardsched.sharding.binding_cycle import MarkedBinds, ShardBinding
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, BindTarget, Handoff, Rebalancer
 from shardsched.store.ledger import Ledger
 
