@@ -350,30 +350,40 @@ def test_a_label_selected_watch_sees_only_the_labelled_pods(server, spec):
 def test_drain_binds_sends_no_more_binds_and_lets_those_in_flight_finish(server, tmp_path):
     """A whole-scheduler stop (Ctrl-C) calls `KubeCluster.drain_binds`: the binds a binding cycle
     holds but has not sent answer NOT_APPLIED at once (its pods stay pending, the shard puts them
-    back), those already sent are applied, and nothing waits for the whole batch."""
+    back), those already sent are applied, and nothing waits for the whole batch. The drain comes
+    once the first 4 binds (one per worker) have reached the server, however slow the start."""
     spec = ClientSpec(kubeconfig=server.write_kubeconfig(str(tmp_path / "kc")))
     pods = [pending(server.sim, f"d{i}") for i in range(40)]
     real = server.sim.bind_many
+    arrived = threading.Semaphore(0)
 
     def slow(bindings):
-        time.sleep(0.2)
+        arrived.release()
+        time.sleep(0.3)
         return real(bindings)
+
+    drained_at = []
+
+    def drain_when_four_arrived():
+        for _ in range(4):
+            arrived.acquire(timeout=30)
+        drained_at.append(time.monotonic())
+        kc.drain_binds()
 
     server.sim.bind_many = slow
     kc = KubeCluster(spec, [SCHED], bind_workers=4)
     try:
-        threading.Timer(0.3, kc.drain_binds).start()
-        t0 = time.monotonic()
+        threading.Thread(target=drain_when_four_arrived, daemon=True).start()
         results = kc.bind_many([("default", p["metadata"]["name"], "n0", p["metadata"]["uid"]) for p in pods])
-        took = time.monotonic() - t0
+        took = time.monotonic() - drained_at[0]
     finally:
         server.sim.bind_many = real
         kc.stop()
     codes = [r.code for r in results]
     bound = [r.name for r in results if r.code == 201]
-    assert 4 <= len(bound) <= 12 and codes.count(500) == 40 - len(bound), codes  # 4 in flight per 0.2 s
+    assert 4 <= len(bound) <= 12 and codes.count(500) == 40 - len(bound), codes  # 4 in flight per 0.3 s
     assert {r.reason for r in results if r.code == 500} == {"Stopping"}
-    assert took < 2.0  # 40 binds, 4 at a time, 0.2 s each, would take 2 s
+    assert took < 2.0  # the 36 binds not yet sent, 4 at a time, 0.3 s each, would take 2.7 s more
     for r in results:
         assert bool(server.sim.get_pod("default", r.name)["spec"].get("nodeName")) == (r.code == 201)
 
@@ -430,17 +440,23 @@ def test_a_watch_cut_from_another_thread_never_reads_raw_tls_bytes(tmp_path):
         t.join(5)
 
 
-def slow_server(real_bind, real_record):
-    """(state, slow_bind, slow_record): a bind that takes the server 0.8 s and an Event write that
-    takes 0.05 s, counting in ``state`` the Events written and the most written at once while a
-    bind was in flight (``peak_while_binding``)."""
-    lock, state = threading.Lock(), {"binding": False, "inside": 0, "peak_while_binding": 0, "written": 0}
+def slow_server(real_bind, real_record, until_written_while_binding=0):
+    """(state, slow_bind, slow_record): a bind that takes the server 0.8 s (and, with
+    ``until_written_while_binding``, until that many Events were written while it bound, however
+    loaded the machine: at most 10 s) and an Event write that takes 0.05 s, counting in ``state``
+    the Events written, those written while a bind was in flight and the most written at once
+    then (``peak_while_binding``)."""
+    lock = threading.Lock()
+    state = {"binding": False, "inside": 0, "peak_while_binding": 0, "written": 0, "written_while_binding": 0}
 
     def slow_bind(bindings):
         with lock:
             state["binding"] = True
         try:
             time.sleep(0.8)
+            deadline = time.monotonic() + 10
+            while state["written_while_binding"] < until_written_while_binding and time.monotonic() < deadline:
+                time.sleep(0.01)
             return real_bind(bindings)
         finally:
             with lock:
@@ -449,7 +465,8 @@ def slow_server(real_bind, real_record):
     def slow_record(*args, **kwargs):
         with lock:
             state["inside"] += 1
-            if state["binding"]:
+            binding = state["binding"]
+            if binding:
                 state["peak_while_binding"] = max(state["peak_while_binding"], state["inside"])
         try:
             time.sleep(0.05)
@@ -458,6 +475,7 @@ def slow_server(real_bind, real_record):
             with lock:
                 state["inside"] -= 1
                 state["written"] += 1
+                state["written_while_binding"] += binding
 
     return state, slow_bind, slow_record
 
@@ -496,7 +514,8 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
     from shardsched.api.objects import NodeInfo, PodInfo
     from shardsched.config import parse_config
     from shardsched.sharding.calls import ClusterBinds, ClusterClient, Local
-    from shardsched.sharding.shard import Shard, ShardOptions, yield_writes_to_binds
+    from shardsched.sharding.binding_cycle import yield_writes_to_binds
+    from shardsched.sharding.shard import Shard, ShardOptions
     from shardsched.store import NodeEntry
 
     member = "shard-0@1"
@@ -511,7 +530,9 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
             handed_off.extend(items)
 
     real_bind, real_record = server.sim.bind_many, server.sim.record_event
-    state, slow_bind, slow_record = slow_server(real_bind, real_record)
+    # a few pods: their binds last until an Event went out meanwhile (one at a time); a burst's
+    # binds last 0.8 s, shorter than the writers' hold
+    state, slow_bind, slow_record = slow_server(real_bind, real_record, int(pods < binder.bind_workers))
 
     try:
         yield_writes_to_binds(writer, ledger)
