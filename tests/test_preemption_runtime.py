@@ -491,3 +491,22 @@ def test_the_embedded_runtime_preempts_on_a_full_cluster(redis_server, ray_sessi
     victims = samples["shardsched_scheduler_preemption_victims"]
     assert [v for n, _, v in victims if n.endswith("_sum")] == [2.0]
     assert inv["overcommitted_nodes"] == [] and inv["double_binds"] == 0
+
+
+def test_shardsched_run_waits_for_a_preemptor_and_counts_every_pod_once(redis_server, ray_session):
+    """`EmbeddedRun` (what ``shardsched run`` runs): eight low-priority pods fill two nodes, a
+    high-priority pod arrives a second later; the run ends only once the preemptor is bound (not
+    while it waits for its victims), with the victims counted among the pods bound then deleted."""
+    from test_runtime import CONFIG, assert_counted_once, assert_invariants
+
+    from shardsched.sharding.embedded import EmbeddedRun
+    from shardsched.sharding.run_control import RunOptions
+    from shardsched.sim import uniform_nodes
+
+    workload = [(0.0, None, plain(p)) for p in low_pods(8)] + [(1.0, None, plain(high_pod()))]
+    report = EmbeddedRun(CONFIG, uniform_nodes(2, cpu="4"), workload,
+                         RunOptions(redis_url=redis_server.url, shards=2, timeout_s=60.0)).run()
+    data = report.to_json()
+    assert_invariants(data)
+    assert_counted_once(data)
+    assert data["pods_bound"] == 9 and data["pods_unschedulable"] == 0 and data["pods_pending"] == 0

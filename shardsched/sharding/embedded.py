@@ -403,9 +403,10 @@ class EmbeddedRun:
             if self.on_progress:
                 self.on_progress(bound, total, status)
             # settled: the workload is all created, and every pod not bound is known to the
-            # coordinator as unschedulable (or as having an invalid spec)
+            # coordinator as unschedulable (or as having an invalid spec), none of them a preemptor
+            # nominated to a node (its attempt failed, but its victims are going: it binds next)
             settled = (feeder_done and counts["unbound"] == status["unschedulable"] + status["invalid"]
-                       and status["pending"] == status["unschedulable"])
+                       and status["pending"] == status["unschedulable"] and not status["preemptors_waiting"])
             if counts["bound"] != last_bound:
                 done_at = elapsed
             last_bound = counts["bound"]
