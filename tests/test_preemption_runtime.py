@@ -307,6 +307,7 @@ def test_a_new_coordinator_keeps_a_nomination_it_finds_on_the_pod_and_deletes_no
     again = World(ledger, n_nodes=0, shards=2, cluster=world.cluster)  # the old one is no longer stepped
     state = again.coordinator.state
     assert state.preempting[created["metadata"]["uid"]].node == "node-00000"
+    assert state.nominated == {created["metadata"]["uid"]: "node-00000"}  # the pods decided next see it
     settle_fully(again)
     again.coordinator._renew_nominations()  # what its health thread does every period
     assert ledger.nominations("node-00000") == {created["metadata"]["uid"]: HIGH}

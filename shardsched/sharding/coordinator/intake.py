@@ -305,8 +305,12 @@ class Intake:
             nominated = (obj.get("status") or {}).get("nominatedNodeName")
             if nominated and isinstance(nominated, str) and uid not in state.preempting:
                 # written before this coordinator (a restart, a failover): kept, as upstream's
-                # nominator is rebuilt from the pods; the ledger gets it at the next renewal
+                # nominator is rebuilt from the pods, and assumed on its node so that the pods
+                # decided after it see it; the ledger gets it at the next renewal
                 state.preempting[uid] = Nomination(nominated)
+                if nominated in state.table.index and uid not in state.nominated:
+                    state.table.add_pod(PodUsage.of(pod), nominated)
+                    state.nominated[uid] = nominated
         self.ledger_sync.owe_pods(observe, forget)
         self.ledger_sync.flush()
         self.preemption.forget(preemptors_done)
