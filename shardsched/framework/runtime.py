@@ -29,9 +29,9 @@ class Registry:
         factories: plugin name -> factory. A factory takes the plugin's validated args (from the
             profile's pluginConfig, or None for defaults) and returns the plugin; the factories of
             the ``cluster_wide`` plugins take ``(args, partial_view)``, those of the
-            ``with_handle`` plugins ``(args, handle)``.
-        cluster_wide: plugins whose Filter needs every node of the cluster and its pods (see
-            `Framework`'s ``partial_view``).
+            ``with_handle`` plugins ``(args, handle)``, those in both ``(args, partial_view, handle)``.
+        cluster_wide: plugins that need every node of the cluster and its pods (see `Framework`'s
+            ``partial_view``).
         with_handle: plugins whose factories take the framework's `Handle`, as upstream factories
             take ``framework.Handle``.
         stand_ins: plugin name -> factory of the PreFilter stand-in of a plugin that is not
@@ -99,7 +99,9 @@ class Framework:
                                       f"supported plugins: {', '.join(sorted(registry.factories))}")
                 try:
                     args = profile.plugin_args.get(name)
-                    if name in registry.cluster_wide:
+                    if name in registry.cluster_wide and name in registry.with_handle:
+                        instances[name] = factory(args, partial_view, self.handle)
+                    elif name in registry.cluster_wide:
                         instances[name] = factory(args, partial_view)
                     elif name in registry.with_handle:
                         instances[name] = factory(args, self.handle)

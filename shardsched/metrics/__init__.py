@@ -75,6 +75,14 @@ class ShardMetrics:
             PREFIX + "scheduler_scheduling_attempt_duration_seconds",
             "Scheduling attempt latency in seconds (scheduling algorithm + binding), per pod.",
             ["result", "profile"], buckets=ATTEMPT_BUCKETS, registry=r)
+        self.podgroup_attempts = Counter(
+            PREFIX + "scheduler_podgroup_schedule_attempts_total",
+            "Number of attempts to schedule a whole pod group (gang), by the result (scheduled, "
+            "unschedulable, error).", ["result"], registry=r)
+        self.podgroup_attempt_duration = Histogram(
+            PREFIX + "scheduler_podgroup_scheduling_attempt_duration_seconds",
+            "Latency of an attempt to schedule a whole pod group: its members' decisions and its one "
+            "ledger call.", ["result"], buckets=ATTEMPT_BUCKETS, registry=r)
         self.sli_duration = Histogram(
             PREFIX + "scheduler_pod_scheduling_sli_duration_seconds",
             "E2e latency for a pod being scheduled, from the time it entered the queue (or was created).",

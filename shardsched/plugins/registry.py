@@ -53,7 +53,7 @@ REGISTRY: dict[str, Factory] = {
 
 #: plugins whose Filter needs every node of the cluster and its pods; their factories also take
 #: ``partial_view`` (a shard's table holds only its own nodes; see each plugin's docstring)
-CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME})
+CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME, coscheduling.NAME})
 
 #: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
 #: at Permit), as upstream factories take ``framework.Handle``

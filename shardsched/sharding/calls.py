@@ -196,6 +196,9 @@ class ClusterClient:
     def list_pdbs(self) -> Reply[tuple[list[dict], int]]:
         return self.channel.send(ClusterBackend.list_pdbs)
 
+    def list_pod_groups(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_pod_groups)
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None,
                      limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:
         return self.channel.send(ClusterBackend.events_since, rv, kinds, limit)

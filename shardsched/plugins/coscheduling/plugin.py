@@ -19,6 +19,12 @@ v0.34), at QueueSort, PreFilter, Reserve/Unreserve and Permit.
 - **Unreserve** (any member rolled back) rejects the group's waiting members, as upstream: the
   gang goes back as a unit.
 
+Over a partial view (a shard's table, ``partial_view``) the plugin lets every pod through
+(PreFilter Success, Permit Allow, Unreserve nothing): in the sharded runtime the coordinator
+decides a whole gang over the whole cluster and holds it in the ledger before any member reaches a
+shard (`shardsched.sharding.coordinator.gangs`), as it nominates the pods whose constraints need
+the whole cluster.
+
 Not implemented: upstream's PostFilter (it rejects the waiting siblings of a member that fits no
 node; here a gang is decided as one, ``docs/gangs.md``) and ``podGroupBackoffSeconds``.
 """
@@ -57,14 +63,17 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
         handle: the framework's; its ``pod_groups`` are the groups and members, its waiting pods
             the members held at Permit.
         permit_waiting_time_s: the wait at Permit of a group without ``scheduleTimeoutSeconds``.
+        partial_view: the framework's table holds only part of the cluster (module docstring).
     """
 
     name = NAME
 
-    def __init__(self, handle: Handle, permit_waiting_time_s: int = DEFAULT_PERMIT_WAITING_TIME_S) -> None:
+    def __init__(self, handle: Handle, permit_waiting_time_s: int = DEFAULT_PERMIT_WAITING_TIME_S,
+                 partial_view: bool = False) -> None:
         self.handle = handle
         self.groups = handle.pod_groups
         self.permit_waiting_time_s = permit_waiting_time_s
+        self.partial_view = partial_view
 
     # ------------------------------------------------------------------ QueueSort
     def sort_key(self, pod: PodInfo, timestamp: float, seq: int) -> tuple:
@@ -78,7 +87,7 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
         """Success for a pod without a group or whose group may start; else the rejection
         (module docstring), UnschedulableAndUnresolvable."""
         key, group = self.groups.group_of(pod)
-        if key is None:
+        if key is None or self.partial_view:
             return Status.success()
         if group is None:
             why = self.groups.invalid.get(key)
@@ -123,7 +132,7 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
     def unreserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
         """The pods are no longer assigned, and every waiting member of their groups is rejected
         (``rejection in Unreserve``): the gang goes back as a unit. Idempotent."""
-        by_group = self._by_group(pods)
+        by_group = {} if self.partial_view else self._by_group(pods)
         for key, uids in by_group.items():
             self.groups.unassign(key, uids)
         if by_group:
@@ -136,6 +145,8 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
         """Per pod: Allow without a group; Unschedulable ``PodGroup not found``; Allow (and its
         waiting siblings) once bound + assigned members reach ``minMember``; else Wait with the
         group's timeout."""
+        if self.partial_view:
+            return [ALLOW] * len(pods)
         by_group = self._by_group(pods)
         placed = {key: self.groups.assign(key, uids) for key, uids in by_group.items()}
         out = []
@@ -166,5 +177,6 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
         return out
 
 
-def new(args, handle: Handle) -> Coscheduling:
-    return Coscheduling(handle, DEFAULT_PERMIT_WAITING_TIME_S if args is None else args.permit_waiting_time_seconds)
+def new(args, partial_view: bool, handle: Handle) -> Coscheduling:
+    return Coscheduling(handle, DEFAULT_PERMIT_WAITING_TIME_S if args is None else args.permit_waiting_time_seconds,
+                        partial_view)

@@ -8,6 +8,7 @@ scales. One module per job over one shared state:
 - `router`: pending pod -> shard, capacity- and label-aware (`router.Room`);
 - `nominator`: the node of a pod that needs the whole cluster's view;
 - `rebalancer`: pods a shard handed back, tried elsewhere or counted as a failed attempt;
+- `gangs`: a PodGroup's members decided whole over the cluster and held in the ledger all or nothing;
 - `events`: FailedScheduling Events and the PodScheduled condition;
 - `ledger_sync`: the watch's truth written to the Redis ledger, rebuilt after a Redis restart;
 - `health`: shard pings and replacement;

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import ADDED, PDB, apply_pdb_events
+from shardsched.cluster import ADDED, PDB, PODGROUP, apply_pdb_events
 from shardsched.errors import InvalidObjectError
 from shardsched.queue import GATED
 from shardsched.sharding.coordinator.events import fail_pod, mark_gated
@@ -80,6 +80,8 @@ class Intake:
         self.state = state
         self.ledger_sync = ledger_sync
         self.preemption = preemption
+        #: the gangs (`Gangs`), told of the pods and PodGroups the watch brings; None: no gangs
+        self.gangs = None
 
     def relist(self) -> Changes:
         """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
@@ -110,6 +112,8 @@ class Intake:
             s.client.apply_namespaces(state.table.namespace_labels, [], True)
             s.client.apply_nodes(mine, gone.get(s.index, []))
         new = self._apply_pods([("ADDED", obj) for obj in pods])
+        if self.gangs is not None:
+            self.gangs.relist(pods)
         state.rv = rv
         return Changes(events=len(pods), relisted=True, new_pods=new)
 
@@ -141,6 +145,14 @@ class Intake:
         if node_events:
             self._apply_nodes(node_events)
         new = self._apply_pods(pod_events) if pod_events else []
+        if self.gangs is not None:
+            group_events = [(e.type, e.object) for e in events if e.kind == PODGROUP]
+            if group_events:
+                self.gangs.apply_group_events(group_events)
+            if pod_events:
+                self.gangs.observe(pod_events)
+            if node_events:
+                self.gangs.nodes_changed()
         state.rv = rv
         return Changes(events=len(events), new_pods=new)
 

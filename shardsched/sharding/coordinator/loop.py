@@ -1,8 +1,10 @@
 """The coordinator: its jobs over one `CoordinatorState`, and the control loop that runs them.
 
 Each step, under the state lock: the watch intake (`Intake.poll`) applies what the cluster changed
-and returns the pending pods first seen, the router (`router.route`) sends them to shards, the
-rebalancer (`Rebalancer.rebalance`) decides for the pods shards handed back, and the scaler routes
+and returns the pending pods first seen, the router (`router.route`) sends them to shards (a gang's
+members wait for their group instead, `Gangs.take`), the rebalancer (`Rebalancer.rebalance`)
+decides for the pods shards handed back, the gangs that are due are decided whole and held in the
+ledger (`Gangs.step`), and the scaler routes
 again the pods of removed shards whose fate did not arrive (`Scaler.sweep_limbo`). Outside the lock,
 in a thread of their own: shard health (`Health.check`), ledger sync (`LedgerSync.check`) and the
 renewal of the preemptors' nominations in the ledger (`Preemption.renew`); and
@@ -23,6 +25,7 @@ import numpy as np
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import TemporaryError
 from shardsched.sharding.coordinator import router
+from shardsched.sharding.coordinator.gangs import Gangs
 from shardsched.sharding.coordinator.health import Health
 from shardsched.sharding.coordinator.intake import Changes, Intake
 from shardsched.sharding.coordinator.ledger_sync import LedgerSync
@@ -75,6 +78,8 @@ class Coordinator:
         self.preemption = Preemption(self.state)
         self.intake = Intake(self.state, self.ledger_sync, self.preemption)
         self.rebalancer = Rebalancer(self.state, self.preemption)
+        self.gangs = Gangs(self.state)
+        self.intake.gangs = self.rebalancer.gangs = self.gangs
         self.health = Health(self.state, shard_factory, health_period_s, health_failures)
         self.scaler = Scaler(self.state, shard_factory, self.rebalancer)
         self.on_relist: Callable[[], None] | None = None
@@ -180,6 +185,7 @@ class Coordinator:
         with self.state.lock:
             busy = self.poll_watch()
             busy = self.rebalancer.rebalance() or busy
+            busy = self.gangs.step() or busy
             self.scaler.sweep_limbo()
         if self._health_thread is None and time.monotonic() - self._last_health >= self.health.period_s:
             self._last_health = time.monotonic()
@@ -198,7 +204,9 @@ class Coordinator:
 
     def _apply(self, changes: Changes) -> None:
         if changes.new_pods:
-            router.route(self.state, changes.new_pods)
+            others = self.gangs.take(changes.new_pods)
+            if others:
+                router.route(self.state, others)
         if changes.relisted and self.on_relist is not None:
             self.on_relist()
 

@@ -36,6 +36,8 @@ class Rebalancer:
     def __init__(self, state: CoordinatorState, preemption: Preemption | None = None) -> None:
         self.state = state
         self.preemption = preemption or Preemption(state)
+        #: the gangs (`Gangs`): a member handed back goes there; None: no gangs
+        self.gangs = None
         self._inbox: list[tuple[int, list[Handoff]]] = []
         self._inbox_lock = threading.Lock()
 
@@ -61,6 +63,8 @@ class Rebalancer:
                 t = state.pending.get(pod.uid)
                 if t is None:  # bound or deleted meanwhile
                     continue
+                if self.gangs is not None and self.gangs.handed_back(t, h.qpi):
+                    continue  # a gang member: decided again with its group (`Gangs`)
                 t.unschedulable = False
                 state.metrics.requeues.labels(h.reason).inc()
                 state.counters["requeues"] += 1

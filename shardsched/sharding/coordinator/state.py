@@ -12,7 +12,9 @@ import numpy as np
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
+from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.config import SchedulerConfiguration
+from shardsched.framework.interface import Handle
 from shardsched.metrics import ShardMetrics
 from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
 from shardsched.sharding.calls import ClusterClient, ShardClient
@@ -64,7 +66,9 @@ class CoordinatorState:
     Attributes:
         table: the whole cluster's NodeTable (bound pods counted, nominated pods assumed).
         schedulers: profile name -> scheduler over `table` with a shard's partial view (routing).
-        cluster_schedulers: the same profiles over the whole cluster (`Nominator`).
+        cluster_schedulers: the same profiles over the whole cluster (`Nominator`, gangs), whose
+            Coscheduling reads `pod_groups`.
+        pod_groups: the PodGroups and their members, from the watch (`gangs`).
         shards: `ShardRef` per shard index.
         owners: node name -> owner shard index; ``owner_slots`` the same per table slot (-1: none).
         epoch: the shard map's epoch, as last published in the ledger.
@@ -86,6 +90,7 @@ class CoordinatorState:
         self.ledger = ledger
         self.cluster = cluster
         self.profiles = {p.scheduler_name for p in config.profiles}
+        self.pod_groups = PodGroupCache()
         self.reset_table()
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
@@ -112,7 +117,8 @@ class CoordinatorState:
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(self.config, self.table, seed=0,
                                                                          partial_view=True)
         self.default = next(iter(self.schedulers.values()))
-        self.cluster_schedulers = build_schedulers(self.config, self.table, seed=0)
+        self.cluster_schedulers = build_schedulers(self.config, self.table, seed=0,
+                                                   handle=Handle(pod_groups=self.pod_groups))
 
     def scheduler_for(self, pod: PodInfo) -> GenericScheduler:
         """The routing scheduler of the pod's profile (the first profile's for an unknown name)."""

@@ -1,0 +1,147 @@
+"""Gangs in the sharded runtime, without Ray: a plain `Coordinator` with plain `Shard`s (stepped by
+the test, `World` of test_coordinator), a real `SimCluster` and a real Redis ledger. A gang is
+decided whole by the coordinator, held in the ledger in one call, bound by the shards owning its
+nodes; gangs summing to 150% of the cluster fill it with whole gangs only; bad input waits with
+an Event; a member whose bind is refused is decided again and the gang completes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from shardsched.cluster import BindResult
+from shardsched.config import load_config
+from shardsched.sim import SimCluster, uniform_pods
+
+from test_coordinator import World
+
+LABEL = "scheduling.x-k8s.io/pod-group"
+CONFIG = load_config("""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 0.01
+podMaxBackoffSeconds: 0.05
+profiles:
+- schedulerName: shardsched
+  plugins:
+    multiPoint:
+      enabled: [{name: Coscheduling}]
+      disabled: [{name: PrioritySort}]
+""")
+
+
+def gang(world: World, name: str, size: int, cpu: str = "1", min_member: int | None = None,
+         group: bool = True) -> list[dict]:
+    if group:
+        world.cluster.create_pod_group({"metadata": {"name": name}, "spec": {"minMember": min_member or size}})
+    pods = uniform_pods(size, cpu=cpu, scheduler_name="shardsched", prefix=f"{name}-")
+    for p in pods:
+        p["metadata"].setdefault("labels", {})[LABEL] = name
+    return world.cluster.create_pods(pods)
+
+
+def bound_per_group(world: World) -> Counter:
+    pods, _ = world.cluster.list_pods()
+    return Counter(p["metadata"]["labels"][LABEL] for p in pods if p["spec"].get("nodeName"))
+
+
+def holds(world: World) -> dict:
+    return {n: world.ledger.nominations(n) for n in world.coordinator.state.owners if world.ledger.nominations(n)}
+
+
+def messages(world: World, name: str) -> list[str]:
+    return [e["message"] for e in world.cluster.events_for("default", name) if e["reason"] == "FailedScheduling"]
+
+
+def test_a_gang_spanning_three_shards_binds_whole_and_releases_its_hold(ledger) -> None:
+    world = World(ledger, n_nodes=6, shards=3, config=CONFIG)
+    gang(world, "train", 9, cpu="2")  # 18 of 24 cpus: two members per node at most
+    world.settle()
+    assert bound_per_group(world) == {"train": 9}
+    pods, _ = world.cluster.list_pods()
+    shards = {world.coordinator.state.owners[p["spec"]["nodeName"]] for p in pods}
+    assert shards == {0, 1, 2}
+    assert holds(world) == {}  # each member's hold left the ledger when it bound
+    attempts = world.coordinator.state.metrics.podgroup_attempts
+    assert attempts.labels("scheduled")._value.get() == 1
+    assert world.cluster.get_pod_group("default", "train")["status"]["phase"] == "Running"
+    assert world.cluster.invariants()["overcommitted_nodes"] == []
+
+
+def test_gangs_summing_to_150_percent_fill_the_cluster_with_whole_gangs(ledger) -> None:
+    """No deadlock: six gangs of six 1-cpu pods on 24 cpus (36 asked). Whichever can be placed
+    whole is placed; the others hold nothing and wait."""
+    world = World(ledger, n_nodes=6, shards=3, config=CONFIG)
+    for g in range(6):
+        gang(world, f"g{g}", 6)
+    world.settle(parked_ok=True, timeout_s=30)
+    bound = bound_per_group(world)
+    assert sorted(bound.values()) == [6, 6, 6, 6]  # four whole gangs: the cluster is full
+    waiting = sorted({f"g{g}" for g in range(6)} - set(bound))
+    assert len(waiting) == 2
+    assert holds(world) == {}  # the waiting gangs hold no room
+    inv = world.cluster.invariants()
+    assert inv["pods_bound"] == 24 and inv["overcommitted_nodes"] == [] and inv["double_binds"] == 0
+    status = world.coordinator.status()
+    assert status["pending"] == status["unschedulable"] == 12
+    for g in waiting:
+        want = f"pod group default/{g}: 0/6 members schedulable; default/{g}-00000: 0/6 nodes are available: 6 Insufficient cpu."
+        assert set(messages(world, f"{g}-00000")) == {want} and set(messages(world, f"{g}-00005")) == {want}
+    # room freed: a waiting gang goes in whole
+    for p in world.cluster.list_pods()[0]:
+        if p["metadata"]["labels"][LABEL] == sorted(bound)[0]:
+            world.cluster.delete_pod("default", p["metadata"]["name"])
+    world.settle(parked_ok=True, timeout_s=30)
+    assert sorted(bound_per_group(world).values()) == [6, 6, 6, 6]
+
+
+def test_bad_input_waits_with_an_event_and_nothing_is_lost(ledger) -> None:
+    world = World(ledger, n_nodes=2, shards=2, config=CONFIG)
+    gang(world, "orphan", 2, group=False)              # names a group that does not exist
+    gang(world, "short", 2, min_member=3)              # minMember larger than its pods
+    gang(world, "doomed", 2)
+    world.cluster.delete_pod_group("default", "doomed")  # deleted before its pods could go
+    world.settle(parked_ok=True)
+    assert bound_per_group(world) == {}
+    assert messages(world, "orphan-00000")[-1] == "0/2 nodes are available: PodGroup default/orphan not found."
+    assert messages(world, "doomed-00001")[-1] == "0/2 nodes are available: PodGroup default/doomed not found."
+    assert messages(world, "short-00000")[-1] == (
+        "0/2 nodes are available: pre-filter pod short-00000 cannot find enough sibling pods, current pods "
+        "number: 2, minMember of group: 3.")
+    assert world.coordinator.status()["pending"] == 6
+    with_min_0 = {"metadata": {"name": "zero"}, "spec": {"minMember": 0}}
+    try:
+        world.cluster.create_pod_group(with_min_0)
+    except Exception as e:  # the API server refuses it (the CRD's minimum)
+        assert "spec.minMember" in str(e)
+    world.cluster.create_pod_group({"metadata": {"name": "orphan"}, "spec": {"minMember": 2}})
+    world.settle(parked_ok=True)
+    assert bound_per_group(world) == {"orphan": 2}
+
+
+class RefusesOnce(SimCluster):
+    """Answers 409 (not applied) to the first bind of one pod."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__(seed=0)
+        self.victim, self.refused = victim, 0
+
+    def bind_many(self, bindings):
+        bindings = list(bindings)
+        out = super().bind_many([b for b in bindings if not (b[1] == self.victim and not self.refused)])
+        if len(out) == len(bindings):
+            return out
+        self.refused += 1
+        out = iter(out)
+        return [BindResult(b[0], b[1], b[2], 409, "Conflict", "injected", "") if b[1] == self.victim else next(out)
+                for b in bindings]
+
+
+def test_a_member_whose_bind_is_refused_is_decided_again_and_the_gang_completes(ledger) -> None:
+    cluster = RefusesOnce("train-00002")
+    world = World(ledger, n_nodes=4, shards=2, config=CONFIG, cluster=cluster)
+    gang(world, "train", 4)
+    world.settle()
+    assert cluster.refused == 1
+    assert bound_per_group(world) == {"train": 4}
+    assert holds(world) == {}
+    assert world.coordinator.state.metrics.podgroup_attempts.labels("scheduled")._value.get() == 2
