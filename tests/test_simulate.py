@@ -1,4 +1,6 @@
-"""`shardsched simulate` end to end through the CLI (a subprocess, as users run it)."""
+"""`shardsched simulate` end to end through the CLI, each command in a process of its own as users
+run it: forked from a server that imported the CLI once (`forked_cli.run_cli`), but for the
+terminal's progress bar, which runs ``python -m shardsched.cli.main`` in a pseudo-terminal."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from forked_cli import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CASES = ROOT.parent / "shared" / "simulate-cases"
 CLI = [sys.executable, "-m", "shardsched.cli.main"]
@@ -21,8 +25,7 @@ def simulate(tmp_path: Path, manifests: str, *args: str, name: str = "in.yaml",
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / name
     path.write_text(textwrap.dedent(manifests))
-    return subprocess.run(CLI + ["simulate", "-f", str(path), *args], capture_output=True, text=True, timeout=120,
-                          env=None if env is None else {**os.environ, **env})
+    return run_cli(["simulate", "-f", str(path), *args], timeout=120, env=None if env is None else {**os.environ, **env})
 
 
 def node(name: str, cpu: str = "4", extra: str = "") -> str:
@@ -148,7 +151,7 @@ def test_bad_input_is_named_and_the_rest_still_runs(tmp_path):
 def test_unreadable_files_exit_non_zero_with_a_message(tmp_path, content, expected):
     path = tmp_path / "x.yaml"
     path.write_text(content)
-    run = subprocess.run(CLI + ["simulate", "-f", str(path)], capture_output=True, text=True, timeout=60)
+    run = run_cli(["simulate", "-f", str(path)], timeout=60)
     assert run.returncode == 2 and expected in run.stderr and "Traceback" not in run.stderr
 
 
@@ -169,7 +172,7 @@ def test_table_output_and_json_file_input(tmp_path):
          "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "500m"}}}]}}]}
     path = tmp_path / "in.json"
     path.write_text(json.dumps(doc))
-    run = subprocess.run(CLI + ["simulate", "-f", str(path)], capture_output=True, text=True, timeout=60)
+    run = run_cli(["simulate", "-f", str(path)], timeout=60)
     assert run.returncode == 0, run.stderr
     assert "default/p" in run.stdout and "Scheduled" in run.stdout and "cpu=500m" in run.stdout
 
@@ -482,7 +485,7 @@ def test_a_manifest_with_a_byte_order_mark_is_read_in_its_encoding(tmp_path, enc
     if encoding == "utf-16-be":
         data = b"\xfe\xff" + data
     path = write_bytes(tmp_path, "in.yaml", data)
-    run = subprocess.run(CLI + ["simulate", "-f", str(path), "-o", "json"], capture_output=True, text=True, timeout=120)
+    run = run_cli(["simulate", "-f", str(path), "-o", "json"], timeout=120)
     assert run.returncode == 0, run.stderr
     assert [(p["name"], p["status"]) for p in json.loads(run.stdout)["pods"]] == [("p", "Scheduled")]
 
@@ -559,8 +562,8 @@ def test_without_a_terminal_the_table_does_not_wrap_at_80_columns(tmp_path):
     row of a usual pod name stays on one line."""
     name = "checkout-api-7d9f8b6c5d-x2k4p"
     (tmp_path / "in.yaml").write_text(textwrap.dedent(node("n1") + pod(name, cpu="100m")))
-    run = subprocess.run(CLI + ["simulate", "-f", str(tmp_path / "in.yaml")], capture_output=True, text=True,
-                         timeout=120, env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    run = run_cli(["simulate", "-f", str(tmp_path / "in.yaml")], timeout=120,
+                  env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
     assert run.returncode == 0, run.stderr
     assert f"Successfully assigned default/{name} to n1" in run.stdout
     assert 80 < max(len(line) for line in run.stdout.splitlines()) <= 160
