@@ -16,7 +16,9 @@ nominates a node:
    is deleted for it); nominations of lower priority on the node are dropped and their pods'
    ``status.nominatedNodeName`` cleared;
 2. each victim gets the ``DisruptionTarget`` condition, then is deleted with a uid precondition and
-   its own grace period, and a ``Preempted`` Event (``Preempted by pod <uid> on node <node>``); a
+   its own grace period, and a ``Preempted`` Event (``Preempted by pod <uid> on node <node>``); the
+   writes of a whole rebalance pass are pipelined (`Preemption.flush`: all conditions, then all
+   deletes, then the Events and nominations, a few round trips in all); a
    victim already gone (404) or re-created under its name (409) counts as gone; a victim is never
    deleted twice for the same preemptor, nor one already terminating by a preemption (another
    preemptor's victim, which kube's rules may choose again: it still holds its room);
@@ -24,9 +26,9 @@ nominates a node:
    coordinator's table and waits, pinned to the node, among the unschedulable pods of the node's
    owner shard, which retries it when the victims are gone (an assigned pod deleted).
 
-A victim that cannot be deleted (403 Forbidden, the API away) ends the attempt: the nomination is
-released, the pod is retried after a backoff with the error in its FailedScheduling message, and the
-victims deleted so far stay remembered. The nomination is released when the preemptor binds or is
+A victim that cannot be deleted (403 Forbidden, the API away) undoes the nomination: it is released,
+the victims not deleted are no longer counted as going, the pod gets a FailedScheduling Event with
+the error and is retried after a backoff; the victims deleted so far stay remembered. The nomination is released when the preemptor binds or is
 deleted (the watch), or when a later PostFilter clears it; it expires after `NOMINATION_TTL_MS`
 unless the coordinator renews it (`renew`, every health period).
 """
@@ -38,6 +40,7 @@ import time
 from dataclasses import dataclass, replace
 
 from shardsched.api.objects import PodInfo
+from shardsched.cache.node_table import PodUsage
 from shardsched.cluster import ApiError, Conflict, NotFound
 from shardsched.errors import TemporaryError
 from shardsched.framework.interface import PostFilterResult
@@ -60,8 +63,8 @@ class Outcome:
     """What `Preemption.run` decided for one pod.
 
     Attributes:
-        kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (victims deleted, the pod
-            nominated to ``node``), WAITING (not eligible while its victims terminate: it keeps its
+        kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (the pod nominated to
+            ``node``, its victims to be deleted by `Preemption.flush`), WAITING (not eligible while its victims terminate: it keeps its
             nomination on ``node``), FAILED (no node can be freed; ``message`` has upstream's
             ``preemption: ...`` part) or ERROR (a write failed; retry after a backoff).
         node: the node for FITS, NOMINATED and WAITING.
@@ -78,6 +81,46 @@ def cluster_scheduler(state: CoordinatorState, pod: PodInfo) -> GenericScheduler
     return state.cluster_schedulers.get(pod.scheduler_name) or next(iter(state.cluster_schedulers.values()))
 
 
+#: the queue move that retries a preemptor whose victim could not be deleted (metric label)
+PREEMPTION_FAILED = "PreemptionFailed"
+
+
+@dataclass
+class _Writes:
+    """The API writes of one preemption, made by `Preemption.flush`: its new victims on ``node``."""
+
+    pod: PodInfo
+    node: str
+    victims: list[PodUsage]
+
+
+class _Failed:
+    """A call that raised at once (a channel in this process): its error, as a reply's."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def wait(self, timeout_s: float | None = 30.0) -> None:
+        raise self.error
+
+
+def _send(method, *args):
+    """``method(*args)`` (a `ClusterClient` call) as a reply, whether it raises at once or on wait."""
+    try:
+        return method(*args)
+    except (ApiError, TemporaryError) as e:
+        return _Failed(e)
+
+
+def _outcome(reply) -> Exception | None:
+    """Wait for a reply: None when it succeeded, else its `ApiError` or `TemporaryError`."""
+    try:
+        reply.wait()
+    except (ApiError, TemporaryError) as e:
+        return e
+    return None
+
+
 def _split(key: str) -> tuple[str, str]:
     ns, _, name = key.partition("/")
     return (ns, name) if name else ("default", ns)
@@ -89,6 +132,7 @@ class Preemption:
 
     def __init__(self, state: CoordinatorState) -> None:
         self.state = state
+        self._writes: list[_Writes] = []  # decided, written by `flush`
 
     def has_post_filter(self, pod: PodInfo) -> bool:
         return bool(cluster_scheduler(self.state, pod).framework.post_filter_plugins)
@@ -149,8 +193,10 @@ class Preemption:
 
     # ------------------------------------------------------------------ the writes
     def _prepare(self, pod: PodInfo, pf: PostFilterResult) -> str:
-        """Upstream ``prepareCandidate`` (module docstring, steps 1-3). Returns "" when done, else the
-        ``preemption: ...`` words of what failed."""
+        """Upstream ``prepareCandidate`` up to the API writes (module docstring, step 1; the writes
+        of steps 2 and 3 are queued for `flush`): the nomination in the ledger, the victims marked
+        terminating by a preemption in the table (so the pods decided next see them going).
+        Returns "" when done, else the ``preemption: ...`` words of what failed."""
         state = self.state
         node = pf.nominated_node
         held = state.preempting.get(pod.uid)
@@ -164,54 +210,110 @@ class Preemption:
             state.counters["nominations_refused"] += 1
             return (f"preemption: node {node} is held for another preemptor "
                     f"(insufficient {res.resource or 'room'} in the ledger once the victims are gone).")
-        if held is not None and held.node != node:
+        if held is not None and held.node and held.node != node:
             self._unnominate_ledger({pod.uid: held.node})
         for uid in res.dropped:
             self._clear_uid(uid, node)
-        deleted = 0
+        fresh = []
         for u in pf.victims:
             if u.uid in nom.victims or (u.deleting and u.preempted):  # already going: not deleted again
                 continue
-            error = self._delete_victim(pod, u.uid, u.key, node)
-            if error:
-                state.preempting[pod.uid] = replace(nom, node="")  # remembered, nominated nowhere
-                self._unnominate_ledger({pod.uid: node})
-                return error
             nom.victims[u.uid] = u.key
-            deleted += 1
+            fresh.append(u)
+            if state.table.remove_pod(u.uid) is not None:
+                state.table.add_pod(replace(u, deleting=True, preempted=True), node)
         state.metrics.preemption_victims.observe(len(pf.victims))
         state.counters["preemptions"] += 1
-        state.counters["victims"] += deleted
         state.preempting[pod.uid] = nom
-        self._write_nominated_node_name(pod, node)
+        self._writes.append(_Writes(pod, node, fresh))
         return ""
 
-    def _delete_victim(self, pod: PodInfo, uid: str, key: str, node: str) -> str:
-        """DisruptionTarget, then delete with a uid precondition, then the Preempted Event; marks it
-        terminating by a preemption in the table. Returns "" or why it failed."""
+    def flush(self) -> None:
+        """The API writes of the preemptions decided since the last call, pipelined: every victim's
+        ``DisruptionTarget`` condition, then (once each is answered) every delete with its uid
+        precondition, then the ``Preempted`` Events and the preemptors' ``nominatedNodeName``; a
+        few round trips for a whole rebalance pass instead of some per victim. A victim gone (404)
+        or re-created (409) counts as gone. A preemptor one of whose victims could not be deleted
+        loses its nomination (`_undo`) and is retried after a backoff. Call with the state lock
+        held, after the decisions (`Rebalancer.rebalance` does)."""
+        writes, self._writes = self._writes, []
+        if not writes:
+            return
+        cluster = self.state.cluster
+        errors: dict[int, str] = {}
+        conditions = [[(u, _send(cluster.set_disruption_target, *_split(u.key), w.pod.scheduler_name))
+                       for u in w.victims] for w in writes]
+        deletes: list[list] = []
+        for i, (w, sent) in enumerate(zip(writes, conditions)):
+            outcomes = [(u, _outcome(reply)) for u, reply in sent]
+            errors_here = [(u, e) for u, e in outcomes if e is not None and not isinstance(e, (NotFound, Conflict))]
+            if errors_here:
+                u, e = errors_here[0]
+                errors[i] = self._error_words(w, u, e)
+                deletes.append([])
+                continue
+            deletes.append([(u, _send(cluster.delete_pod, *_split(u.key), u.uid, None)) for u, e in outcomes if e is None])
+        nominations = []
+        for i, (w, sent) in enumerate(zip(writes, deletes)):
+            deleted = []
+            for u, reply in sent:
+                e = _outcome(reply)
+                if e is None or isinstance(e, (NotFound, Conflict)):  # gone already, or re-created: leave it
+                    deleted.append(u)
+                elif i not in errors:
+                    errors[i] = self._error_words(w, u, e)
+            for u in deleted:
+                ns, name = _split(u.key)
+                cluster.record_event({"kind": "Pod", "namespace": ns, "name": name, "uid": u.uid}, "Normal",
+                                     "Preempted", f"Preempted by pod {w.pod.uid} on node {w.node}")
+            self.state.counters["victims"] += len(deleted)
+            if i in errors:
+                self._undo(w, set(u.uid for u in deleted), errors[i])
+            else:
+                nominations.append((w.pod, _send(cluster.set_nominated_node_name, w.pod.namespace, w.pod.name, w.node)))
+        for pod, reply in nominations:
+            e = _outcome(reply)
+            if e is not None:  # the pod deleted meanwhile: the watch forgets it
+                log.warning("status.nominatedNodeName of %s not written: %s", pod.key, e)
+
+    def _error_words(self, w: "_Writes", u: PodUsage, e: Exception) -> str:
+        log.warning("preemption of %s for %s failed: %s", u.key, w.pod.key, e)
+        self.state.counters["victim_delete_errors"] += 1
+        return f"preemption: could not delete victim {u.key} on node {w.node}: {type(e).__name__}: {e}"
+
+    def _undo(self, w: "_Writes", deleted: set[str], error: str) -> None:
+        """A victim of ``w`` could not be deleted: the victims not deleted are no longer going (in
+        the table, and for this preemptor), its nomination is released (ledger, table), the
+        FailedScheduling Event says why, and its shard retries it after a backoff. The victims
+        deleted stay deleted and remembered (upstream's prepareCandidate stops the same way)."""
         state = self.state
-        ns, name = _split(key)
-        try:
-            state.cluster.set_disruption_target(ns, name, pod.scheduler_name).wait()
-            state.cluster.delete_pod(ns, name, uid, None).wait()
-        except (NotFound, Conflict) as e:  # gone already, or re-created under its name: leave it
-            log.info("preemption victim %s (uid %s) already gone: %s", key, uid, e)
-        except (ApiError, TemporaryError) as e:
-            log.warning("preemption of %s for %s failed: %s", key, pod.key, e)
-            state.counters["victim_delete_errors"] += 1
-            return f"preemption: could not delete victim {key} on node {node}: {type(e).__name__}: {e}"
-        state.cluster.record_event({"kind": "Pod", "namespace": ns, "name": name, "uid": uid}, "Normal",
-                                   "Preempted", f"Preempted by pod {pod.uid} on node {node}")
-        slot = state.table.pod_slot.get(uid)
-        if slot is not None:
-            usage = state.table.remove_pod(uid)
-            state.table.add_pod(replace(usage, deleting=True, preempted=True), node)
-        return ""
+        held = state.preempting.get(w.pod.uid)
+        for u in w.victims:
+            if u.uid in deleted:
+                continue
+            if held is not None:
+                held.victims.pop(u.uid, None)
+            slot = state.table.pod_slot.get(u.uid)
+            if slot is not None and state.table.names[slot] == w.node:
+                state.table.remove_pod(u.uid)
+                state.table.add_pod(u, w.node)
+        if held is not None and held.node == w.node:
+            self._unnominate_ledger({w.pod.uid: w.node})
+            held.node = ""
+        unnominate(state, w.pod.uid)
+        t = state.pending.get(w.pod.uid)
+        if t is None:
+            return
+        message = f"{t.message} {error}" if t.message else error
+        t.message = message
+        ref = {"kind": "Pod", "namespace": w.pod.namespace, "name": w.pod.name, "uid": w.pod.uid}
+        state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
+        if 0 <= t.shard < len(state.shards):
+            state.shards[t.shard].client.move_all_to_active_or_backoff_queue(PREEMPTION_FAILED)
 
     def _write_nominated_node_name(self, pod: PodInfo, node: str) -> None:
-        try:
-            self.state.cluster.set_nominated_node_name(pod.namespace, pod.name, node).wait()
-        except (ApiError, TemporaryError) as e:  # the pod deleted meanwhile: the watch forgets it
+        e = _outcome(_send(self.state.cluster.set_nominated_node_name, pod.namespace, pod.name, node))
+        if e is not None:  # the pod deleted meanwhile: the watch forgets it
             log.warning("status.nominatedNodeName of %s not written: %s", pod.key, e)
 
     # ------------------------------------------------------------------ releases

@@ -119,6 +119,7 @@ class Rebalancer:
             state.shards[index].client.add_pods(pods)
         for index, qpis in park.items():
             state.shards[index].client.accept(qpis, True)
+        self.preemption.flush()  # the victims' deletions, once their preemptors wait where they retry
         return True
 
     def _fail_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult | None, static: np.ndarray,
