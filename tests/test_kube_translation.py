@@ -161,7 +161,8 @@ def test_each_pod_is_on_one_watch_and_a_bind_is_one_change():
     """Our pods (pending or bound) come from our schedulerName's watch, the other bound pods from
     the bound-pods watch, which excludes our names: no pod is on both, so a bind is one MODIFIED."""
     specs = {s.name: s for s in watch_specs([SCHED, "other-profile"])}
-    assert set(specs) == {"nodes", "namespaces", "pdbs", BOUND_WATCH, OURS, "pods-ours:other-profile"}
+    assert set(specs) == {"nodes", "namespaces", "pdbs", "services", "replicationcontrollers", "replicasets",
+                          "statefulsets", BOUND_WATCH, OURS, "pods-ours:other-profile"}
     assert specs["namespaces"].path == "/api/v1/namespaces" and not specs["namespaces"].field_selector
     live = "status.phase!=Succeeded,status.phase!=Failed"
     assert specs[OURS].field_selector == f"spec.schedulerName={SCHED},{live}"

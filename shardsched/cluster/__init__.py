@@ -7,6 +7,7 @@ from shardsched.cluster.backend import Capabilities, ClusterBackend, PerProcessB
 from shardsched.cluster.binding import BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, Binding, BindResult
 from shardsched.cluster.disruption import apply_pdb_events
 from shardsched.cluster.podgroups import apply_pod_group_events
+from shardsched.cluster.spread import spread_selector_changes
 from shardsched.cluster.errors import (
     AlreadyExists,
     ApiError,
@@ -18,7 +19,8 @@ from shardsched.cluster.errors import (
     ServerError,
     Timeout,
 )
-from shardsched.cluster.watch import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, WatchEvent, read_event_log
+from shardsched.cluster.watch import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP,
+                                     SPREAD_SELECTOR_KINDS, WatchEvent, read_event_log)
 
 __all__ = [
     "ADDED",
@@ -34,6 +36,7 @@ __all__ = [
     "PDB",
     "POD",
     "PODGROUP",
+    "SPREAD_SELECTOR_KINDS",
     "AlreadyExists",
     "ApiError",
     "BindResult",
@@ -53,4 +56,5 @@ __all__ = [
     "apply_pdb_events",
     "apply_pod_group_events",
     "read_event_log",
+    "spread_selector_changes",
 ]

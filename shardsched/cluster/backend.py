@@ -88,6 +88,12 @@ class ClusterBackend(Protocol):
         resourceVersion; a backend whose ``capabilities.kinds`` has `PODGROUP`."""
         ...
 
+    def list_spread_selectors(self) -> tuple[list[dict], int]:
+        """Every Service, ReplicationController, ReplicaSet and StatefulSet (`SPREAD_SELECTOR_KINDS`:
+        PodTopologySpread's default constraints read their selectors), and the resourceVersion; a
+        backend whose ``capabilities.kinds`` has them."""
+        ...
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from shardsched.api.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
 from shardsched.cluster.errors import Gone, Invalid
 
 #: watch event types (``watch.EventType``); BOOKMARK and ERROR never reach a consumer
@@ -25,12 +26,16 @@ PDB = "PodDisruptionBudget"
 #: ``scheduling.x-k8s.io/v1alpha1`` PodGroups (gangs, `shardsched.api.podgroup`); a backend that
 #: lists them has it in `Capabilities.kinds` and a ``list_pod_groups`` method
 PODGROUP = "PodGroup"
+#: Services, ReplicationControllers (``v1``), ReplicaSets and StatefulSets (``apps/v1``), whose
+#: selectors PodTopologySpread's default constraints read (`shardsched.api.workloads`); a backend
+#: that lists them has them in `Capabilities.kinds` and a ``list_spread_selectors`` method
+SPREAD_SELECTOR_KINDS = (SERVICE, REPLICATION_CONTROLLER, REPLICA_SET, STATEFUL_SET)
 
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One change: ``type`` ADDED, MODIFIED or DELETED; ``kind`` the object's kind (`NODE`, `POD`,
-    `NAMESPACE`, `PDB`, `PODGROUP`); ``object`` the object after the change (for DELETED, its last state), a
+    `NAMESPACE`, `PDB`, `PODGROUP`, `SPREAD_SELECTOR_KINDS`); ``object`` the object after the change (for DELETED, its last state), a
     camelCase dict as the API server sends it; ``rv`` the backend's sequence number of the change."""
 
     type: str

@@ -4,11 +4,11 @@ The coordinator consumes it through `shardsched.sharding.calls.ClusterClient` ex
 simulated cluster:
 
 - ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
-  rv)``, ``list_pdbs() -> (pdbs, rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
+  rv)``, ``list_pdbs() -> (pdbs, rv)``, ``list_spread_selectors() -> (objects, rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
   number; ``events_since(rv, kinds, limit)``: the changes after it, raising
   `shardsched.cluster.Gone` when the log no longer reaches back. The informers
   (`shardsched.kube.informer` over the watches of `shardsched.kube.watches`) list then watch nodes,
-  namespaces, PodDisruptionBudgets, the pods bound to any node, and our pending pods (server-side field selectors), with
+  namespaces, PodDisruptionBudgets, Services, ReplicationControllers, ReplicaSets, StatefulSets, the pods bound to any node, and our pending pods (server-side field selectors), with
   bookmarks, relisting on 410 and reconnecting with backoff; they start on the first list and that
   first list waits for the caches to sync.
 - ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
@@ -50,6 +50,7 @@ from shardsched.kube.watches import Store, watch_specs
 from shardsched.kube.gate import BindsFirst
 from shardsched.kube.writers import EventRecorder, StatusWriter, condition_patch
 from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NAMESPACE, NODE, NOT_APPLIED, NOT_FOUND, PDB, POD,
+                                SPREAD_SELECTOR_KINDS,
                                 BindResult, Capabilities, Timeout, WatchEvent)
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ log = logging.getLogger(__name__)
 PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
                ("list", "", "namespaces"), ("watch", "", "namespaces"),
                ("list", "policy", "poddisruptionbudgets"), ("watch", "policy", "poddisruptionbudgets"),
+               ("list", "", "services"), ("watch", "", "services"),
+               ("list", "", "replicationcontrollers"), ("watch", "", "replicationcontrollers"),
+               ("list", "apps", "replicasets"), ("watch", "apps", "replicasets"),
+               ("list", "apps", "statefulsets"), ("watch", "apps", "statefulsets"),
                ("create", "", "pods/binding"), ("patch", "", "pods/status"), ("delete", "", "pods"),
                ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
                ("create", "", "events"), ("patch", "", "events")]
@@ -90,7 +95,7 @@ class KubeCluster:
 
     #: a copy per process (`shardsched.cluster.PerProcessBackend`); Events and conditions yield
     #: to the binds (``gate``)
-    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB}), per_process=True)
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, *SPREAD_SELECTOR_KINDS}), per_process=True)
 
     def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
                  bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
@@ -229,6 +234,12 @@ class KubeCluster:
         """Every PodDisruptionBudget (``policy/v1``), and the sequence number. Raises: see `start`."""
         self.start()
         return self.store.list_pdbs()
+
+    def list_spread_selectors(self) -> tuple[list[dict], int]:
+        """Every Service, ReplicationController, ReplicaSet and StatefulSet, and the sequence
+        number. Raises: see `start`."""
+        self.start()
+        return self.store.list_spread_selectors()
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:

@@ -35,9 +35,15 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from shardsched.cluster import ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, WatchEvent, read_event_log
+from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, SPREAD_SELECTOR_KINDS, WatchEvent,
+                                read_event_log)
 
-NODES, BOUND, OURS, NAMESPACES, PDBS = "nodes", "bound", "ours", "namespaces", "pdbs"
+NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD = "nodes", "bound", "ours", "namespaces", "pdbs", "spread"
+#: the watches of the objects whose selectors default spreading reads: (name, kind, path, apiVersion)
+SPREAD_WATCHES = (("services", "Service", "/api/v1/services", "v1"),
+                  ("replicationcontrollers", "ReplicationController", "/api/v1/replicationcontrollers", "v1"),
+                  ("replicasets", "ReplicaSet", "/apis/apps/v1/replicasets", "apps/v1"),
+                  ("statefulsets", "StatefulSet", "/apis/apps/v1/statefulsets", "apps/v1"))
 BOUND_WATCH = "pods-bound"
 #: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
 CHANGES = (ADDED, MODIFIED, DELETED)
@@ -46,7 +52,7 @@ CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES or PDBS), an optional server-side
+    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES, PDBS or SPREAD), an optional server-side
     ``label_selector``, and the ``api_version`` of its objects (a list's items carry none)."""
 
     name: str
@@ -67,14 +73,16 @@ class WatchSpec:
 def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
     """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
     for pod affinity's ``namespaceSelector``), PodDisruptionBudgets (``policy/v1``, which
-    preemption reads), each name's pods, and the other pods bound to nodes (see module
-    docstring)."""
+    preemption reads), Services, ReplicationControllers, ReplicaSets and StatefulSets (whose
+    selectors PodTopologySpread's default constraints read), each name's pods, and the other pods
+    bound to nodes (see module docstring)."""
     names = sorted(set(scheduler_names))
     live = "status.phase!=Succeeded,status.phase!=Failed"
     others = "".join(f",spec.schedulerName!={name}" for name in names)
     specs = [WatchSpec("nodes", NODE, "/api/v1/nodes", "", NODES),
              WatchSpec(NAMESPACES, NAMESPACE, "/api/v1/namespaces", "", NAMESPACES),
              WatchSpec(PDBS, PDB, "/apis/policy/v1/poddisruptionbudgets", "", PDBS, api_version="policy/v1"),
+             *(WatchSpec(name, kind, path, "", SPREAD, api_version=version) for name, kind, path, version in SPREAD_WATCHES),
              WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
     for name in names:
         specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
@@ -199,6 +207,12 @@ class Store:
         """All PodDisruptionBudget objects and the sequence number ([] without a PDB watch)."""
         with self._lock:
             return list(self._members.get(PDBS, {}).values()), self._seq
+
+    def list_spread_selectors(self) -> tuple[list[dict], int]:
+        """All Services, ReplicationControllers, ReplicaSets and StatefulSets, and the sequence number."""
+        with self._lock:
+            return [o for spec in self.specs.values() if spec.role == SPREAD
+                    for o in self._members[spec.name].values()], self._seq
 
     def pod(self, namespace: str, name: str) -> dict | None:
         """The latest state of a pod we watch, or None."""

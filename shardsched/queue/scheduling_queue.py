@@ -58,6 +58,9 @@ NODE_UPDATE = "NodeUpdate"
 ASSIGNED_POD_DELETE = "AssignedPodDelete"
 #: a Namespace's labels changed (a namespaceSelector may select other pods now)
 NAMESPACE_UPDATE = "NamespaceUpdate"
+#: a Service, ReplicationController, ReplicaSet or StatefulSet changed (a pod's default spread
+#: constraints may count other pods now)
+SPREAD_SELECTOR_UPDATE = "SpreadSelectorUpdate"
 
 DEFAULT_POD_INITIAL_BACKOFF_S = 1.0
 DEFAULT_POD_MAX_BACKOFF_S = 10.0

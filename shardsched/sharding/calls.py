@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from shardsched.api.objects import PodInfo
+from shardsched.api.workloads import WorkloadKey, WorkloadSelector
 from shardsched.cache.node_table import PodUsage
 from shardsched.cluster import Binding, BindResult, ClusterBackend, WatchEvent
 from shardsched.errors import TemporaryError
@@ -98,6 +99,8 @@ class ShardAPI(Protocol):
     def set_epoch(self, epoch: int) -> None: ...
     def apply_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str] = (),
                          replace: bool = False) -> None: ...
+    def apply_spread_selectors(self, upserts: Iterable[WorkloadSelector] = (), removed: Iterable[WorkloadKey] = (),
+                               replace: bool = False) -> None: ...
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None: ...
     def apply_bound(self, adds: Iterable[tuple[PodUsage, str]] = (), removes: Iterable[str] = ()) -> None: ...
     def add_pods(self, pods: Sequence[PodInfo]) -> None: ...
@@ -126,6 +129,10 @@ class ShardClient:
     def apply_namespaces(self, labels: Mapping[str, Mapping[str, str]], removed: Iterable[str],
                          replace: bool) -> Reply[None]:
         return self.channel.send(ShardAPI.apply_namespaces, labels, removed, replace)
+
+    def apply_spread_selectors(self, upserts: Iterable[WorkloadSelector], removed: Iterable[WorkloadKey],
+                               replace: bool) -> Reply[None]:
+        return self.channel.send(ShardAPI.apply_spread_selectors, upserts, removed, replace)
 
     def apply_nodes(self, upserts: Iterable[dict], removals: Iterable[str]) -> Reply[None]:
         return self.channel.send(ShardAPI.apply_nodes, upserts, removals)
@@ -198,6 +205,9 @@ class ClusterClient:
 
     def list_pod_groups(self) -> Reply[tuple[list[dict], int]]:
         return self.channel.send(ClusterBackend.list_pod_groups)
+
+    def list_spread_selectors(self) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_spread_selectors)
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None,
                      limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:

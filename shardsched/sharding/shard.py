@@ -34,12 +34,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.workloads import WorkloadKey, WorkloadSelector
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import TemporaryError
 from shardsched.framework.interface import Handle
 from shardsched.metrics import UNSCHEDULABLE, ShardMetrics
-from shardsched.queue import ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, QueuedPodInfo, SchedulingQueue
+from shardsched.queue import (ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, SPREAD_SELECTOR_UPDATE,
+                              QueuedPodInfo, SchedulingQueue)
 from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
 from shardsched.sharding.binding_cycle import MarkedBinds, ShardBinding
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, BindTarget, Handoff, Rebalancer
@@ -180,6 +182,17 @@ class Shard:
             changed = self.table.set_namespaces(labels, removed, replace)
         if changed:
             self.queue.move_all_to_active_or_backoff_queue(NAMESPACE_UPDATE)
+
+    def apply_spread_selectors(self, upserts: Iterable[WorkloadSelector] = (), removed: Iterable[WorkloadKey] = (),
+                               replace: bool = False) -> None:
+        """Services, ReplicationControllers, ReplicaSets and StatefulSets created, changed or deleted,
+        or with ``replace`` the whole set (`NodeTable.set_spread_selectors`): the selectors of
+        PodTopologySpread's default constraints. A change moves the unschedulable pods back to the
+        queues (their default constraints may count other pods now)."""
+        with self._lock:
+            changed = self.table.set_spread_selectors(upserts, removed, replace)
+        if changed:
+            self.queue.move_all_to_active_or_backoff_queue(SPREAD_SELECTOR_UPDATE)
 
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
         """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""

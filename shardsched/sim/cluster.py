@@ -33,8 +33,12 @@ Where the simulator differs from a real cluster (each on purpose, for a faster o
   percentage or ``maxUnavailable``), and a pod is healthy when it is bound, ``Running`` and not
   terminating (upstream asks for the ``Ready`` condition, which the simulator does not write).
 - ReplicaSet-like sets (`SimCluster.create_replica_set`) replace a pod that stops being active at
-  once, inside the write that stopped it, and are not objects of the watch: an optional
-  controller so that the victims of a preemption come back, as a Deployment's do.
+  once, inside the write that stopped it: an optional controller so that the victims of a
+  preemption come back, as a Deployment's do. Each set is also a ReplicaSet object of the watch
+  (``spec.selector`` its template's labels), so its pods get PodTopologySpread's default
+  constraints as a Deployment's do.
+- Services, ReplicationControllers, ReplicaSets and StatefulSets (`SimCluster.put_spread_selector`)
+  are stored and watched for their selectors only: no controller creates their pods.
 - Setting ``spec.unschedulable`` also adds or removes the ``node.kubernetes.io/unschedulable``
   NoSchedule taint in the same write (what the node lifecycle controller does right after).
 - Events (`record_event`) are kept per object until the object is deleted (a real cluster keeps
@@ -71,7 +75,9 @@ from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.podgroup import API_VERSION as PODGROUP_API_VERSION, PodGroup, group_key_of, group_status
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
-from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, AlreadyExists, Binding,
+from shardsched.api.workloads import REPLICA_SET, SERVICE, workload_selector_of
+from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP,
+                                SPREAD_SELECTOR_KINDS, AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
                                 read_event_log)
 from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
@@ -207,7 +213,7 @@ class SimCluster:
         ValueError: ``history_limit`` < 1, or ``grace_period_scale`` < 0.
     """
 
-    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, PODGROUP}))
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, PODGROUP, *SPREAD_SELECTOR_KINDS}))
     #: Events and conditions are written at once, beside the binds: no `WriteGate`
     gate = None
 
@@ -235,6 +241,9 @@ class SimCluster:
         self._pod_groups: dict[str, dict] = {}
         self._groups: dict[str, PodGroup] = {}
         self._group_members: dict[str, dict[str, str]] = {}
+        #: Services, ReplicationControllers, ReplicaSets and StatefulSets by (kind, namespace, name):
+        #: objects only (no controller runs them), for their selectors (`put_spread_selector`)
+        self._spread_objects: dict[tuple[str, str, str], dict] = {}
         #: ReplicaSet-like sets by "namespace/name" (`create_replica_set`), and the keys of each
         #: set's active pods (not terminating, not terminal)
         self._replica_sets: dict[str, dict] = {}
@@ -287,6 +296,12 @@ class SimCluster:
         controller wrote) and the resourceVersion to watch from."""
         with self._locked():
             return list(self._pdbs.values()), self._rv
+
+    def list_spread_selectors(self) -> tuple[list[dict], int]:
+        """All Services, ReplicationControllers, ReplicaSets (the sets' included) and StatefulSets
+        and the resourceVersion to watch from."""
+        with self._locked():
+            return list(self._spread_objects.values()), self._rv
 
     def list_pod_groups(self) -> tuple[list[dict], int]:
         """All PodGroup objects (``scheduling.x-k8s.io/v1alpha1``, with the status the simulated
@@ -437,7 +452,8 @@ class SimCluster:
         set. As the ReplicaSet controller does, whenever one of its pods stops being active
         (terminating, terminal, or deleted) the set creates a replacement at once: same labels
         and template, a new name and uid, pending again (so a victim of preemption comes back and
-        competes for the room it left). The set itself is not an object of the watch.
+        competes for the room it left). The set is also a ReplicaSet object of the watch, its
+        ``spec.selector`` the template's labels (`list_spread_selectors`).
 
         Args:
             obj: ``{"metadata": {"name", "namespace"?}, "spec": {"replicas": int >= 0,
@@ -470,17 +486,26 @@ class SimCluster:
                   "template": template}
             self._replica_sets[key] = rs
             self._rs_active[key] = set()
+            labels = dict((template.get("metadata") or {}).get("labels") or {})
+            obj_key = (REPLICA_SET, namespace, name)
+            self._spread_objects[obj_key] = self._commit(MODIFIED if obj_key in self._spread_objects else ADDED, REPLICA_SET, {
+                "apiVersion": "apps/v1", "kind": REPLICA_SET,
+                "metadata": {"name": name, "namespace": namespace, "uid": rs["uid"], "creationTimestamp": _now()},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template}})
             self._scale_up(key)
             return {**{k: rs[k] for k in ("namespace", "name", "uid", "replicas")},
                     "pods": sorted(k.split("/", 1)[1] for k in self._rs_active[key])}
 
     def delete_replica_set(self, namespace: str, name: str) -> None:
-        """Stop a set's controller: its pods stay (orphaned, as with ``--cascade=orphan``) and are no
-        longer replaced. Raises: NotFound."""
+        """Stop a set's controller and delete its ReplicaSet object: its pods stay (orphaned, as with
+        ``--cascade=orphan``) and are no longer replaced. Raises: NotFound."""
         with self._locked():
             if self._replica_sets.pop(f"{namespace}/{name}", None) is None:
                 raise NotFound(f'replicasets.apps "{name}" not found')
             del self._rs_active[f"{namespace}/{name}"]
+            old = self._spread_objects.pop((REPLICA_SET, namespace, name), None)
+            if old is not None:
+                self._commit(DELETED, REPLICA_SET, {**old, "metadata": {**old["metadata"]}})
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    grace_period_s: int | None = None) -> dict:
@@ -629,6 +654,43 @@ class SimCluster:
             del self._groups[key], self._group_members[key]
             return self._commit(DELETED, PODGROUP, {**old, "metadata": {**old["metadata"]}})
 
+    # ------------------------------------------------------------------ Services and workloads
+    def put_spread_selector(self, obj: Any) -> dict:
+        """Create or replace a Service, ReplicationController, ReplicaSet or StatefulSet (an ADDED
+        or MODIFIED event); only its selector is read (`workload_selector_of`), no controller runs
+        it. A ReplicaSet of `create_replica_set` is replaced as any other (its set keeps running).
+
+        Returns: the stored object. Raises: Invalid (the message names the kind, the object and
+        the field).
+        """
+        o = _copy_tree(as_dict(obj))
+        meta = o.get("metadata") if isinstance(o.get("metadata"), dict) else {}
+        meta = o["metadata"] = {k: v for k, v in meta.items() if k not in ("uid", "resourceVersion", "creationTimestamp")}
+        meta["namespace"] = meta.get("namespace") or "default"
+        try:
+            w = workload_selector_of(o)
+            problem = name_problem(w.name)
+            if problem:
+                raise InvalidObjectError(problem, "metadata.name")
+        except InvalidObjectError as e:
+            raise Invalid(f"{o.get('kind') or 'object'} {meta['namespace']}/{meta.get('name')}: {e}") from None
+        o.setdefault("apiVersion", "v1" if w.kind in (SERVICE, "ReplicationController") else "apps/v1")
+        with self._locked():
+            old = self._spread_objects.get(w.key)
+            meta["uid"] = old["metadata"]["uid"] if old else self._new_uid()
+            meta["creationTimestamp"] = old["metadata"]["creationTimestamp"] if old else _now()
+            self._spread_objects[w.key] = self._commit(MODIFIED if old else ADDED, w.kind, o)
+            return self._spread_objects[w.key]
+
+    def delete_spread_selector(self, kind: str, namespace: str, name: str) -> dict:
+        """Delete a Service, ReplicationController, ReplicaSet or StatefulSet object (a set of
+        `create_replica_set` keeps running). Returns: its last state. Raises: NotFound."""
+        with self._locked():
+            old = self._spread_objects.pop((kind, namespace, name), None)
+            if old is None:
+                raise NotFound(f'{kind.lower()}s "{name}" not found')
+            return self._commit(DELETED, kind, {**old, "metadata": {**old["metadata"]}})
+
     def create_namespace(self, obj: Any) -> dict:
         """Create a Namespace: its name must be a DNS-1123 label and its labels valid; the API
         server's ``kubernetes.io/metadata.name`` label is set to its name (v1.21+).
@@ -658,7 +720,7 @@ class SimCluster:
             return self._namespaces[name]
 
     def delete_namespace(self, name: str) -> dict:
-        """Delete a Namespace and every pod and PodDisruptionBudget in it, pods first (what the
+        """Delete a Namespace and every pod, PodDisruptionBudget, PodGroup, Service and workload in it, pods first (what the
         namespace controller does before the object goes; here at once, without the ``Terminating``
         phase).
 
@@ -677,6 +739,9 @@ class SimCluster:
                 old = self._pdbs.pop(key)
                 del self._budgets[key], self._pdb_members[key]
                 self._commit(DELETED, PDB, {**old, "metadata": {**old["metadata"]}})
+            for key in sorted(k for k in self._spread_objects if k[1] == name):
+                old = self._spread_objects.pop(key)
+                self._commit(DELETED, key[0], {**old, "metadata": {**old["metadata"]}})
             old = self._namespaces.pop(name)
             return self._commit(DELETED, NAMESPACE, {**old, "metadata": {**old["metadata"]}})
 

@@ -59,8 +59,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, AlreadyExists, ApiError, Conflict,
-                                NotFound)
+from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, SPREAD_SELECTOR_KINDS,
+                                AlreadyExists, ApiError, Conflict, NotFound)
 from shardsched.sim.cluster import SimCluster
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
@@ -70,6 +70,15 @@ _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$"
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
 _PDBS = re.compile(r"^/apis/policy/v1/(?:namespaces/(?P<ns>[^/]+)/)?poddisruptionbudgets(?:/(?P<name>[^/]+))?$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
+#: Services, ReplicationControllers, ReplicaSets and StatefulSets (default spreading's selectors):
+#: (path pattern, resource, kind, apiVersion)
+_SPREAD = tuple((re.compile(rf"^/{prefix}/(?:namespaces/(?P<ns>[^/]+)/)?{resource}(?:/(?P<name>[^/]+))?$"), resource,
+                 kind, version)
+                for prefix, version, resource, kind in (("api/v1", "v1", "services", "Service"),
+                                                        ("api/v1", "v1", "replicationcontrollers", "ReplicationController"),
+                                                        ("apis/apps/v1", "apps/v1", "replicasets", "ReplicaSet"),
+                                                        ("apis/apps/v1", "apps/v1", "statefulsets", "StatefulSet")))
+_API_VERSION = {PDB: "policy/v1", **{kind: version for _, _, kind, version in _SPREAD}}
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
@@ -190,10 +199,12 @@ class SimApiServer:
         self._history: list[tuple[int, str, str, dict, dict | None]] = []  # (rv, type, kind, obj, prev)
         nodes, _ = self.sim.list_nodes()
         pdbs, _ = self.sim.list_pdbs()
+        spread, _ = self.sim.list_spread_selectors()
         pods, self._rv = self.sim.list_pods()
         for n in nodes:
             self._objects[(NODE, n["metadata"]["name"])] = n
-        for kind, objs in ((POD, pods), (PDB, pdbs)):
+        for kind, objs in ((POD, pods), (PDB, pdbs), *((k, [o for o in spread if o["kind"] == k])
+                                                        for k in SPREAD_SELECTOR_KINDS)):
             for o in objs:
                 self._objects[(kind, f"{o['metadata']['namespace']}/{o['metadata']['name']}")] = o
         self._compacted = self._rv
@@ -357,7 +368,8 @@ class SimApiServer:
         """RBAC's view of a request: (verb, resource[/subresource])."""
         resource, named = path, False
         for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
-                         (_LEASES, "leases"), (_NAMESPACE, "namespaces"), (_PDBS, "poddisruptionbudgets")):
+                         (_LEASES, "leases"), (_NAMESPACE, "namespaces"), (_PDBS, "poddisruptionbudgets"),
+                         *((rx, resource) for rx, resource, _, _ in _SPREAD)):
             m = rx.match(path)
             if m:
                 sub = m.groupdict().get("sub")
@@ -429,6 +441,10 @@ class SimApiServer:
         m = _PDBS.match(path)
         if m:
             return self._pdbs(h, m["ns"], m["name"], q)
+        for rx, _, kind, _ in _SPREAD:
+            m = rx.match(path)
+            if m:
+                return self._spread_selectors(h, kind, m["ns"], m["name"], q)
         raise NotFound("the server could not find the requested resource")
 
     # ------------------------------------------------------------------ resources
@@ -470,6 +486,27 @@ class SimApiServer:
         if h.command == "DELETE":
             return h.reply(200, self.sim.delete_pdb(ns, name))
         return h.reply(200, self.sim.get_pdb(ns, name))
+
+    def _spread_selectors(self, h: _Handler, kind: str, ns: str | None, name: str | None, q: dict) -> None:
+        """Services, ReplicationControllers, ReplicaSets, StatefulSets: list, watch, create, replace,
+        delete (`SimCluster.put_spread_selector`)."""
+        if name is None:
+            if h.command == "POST" and ns:
+                body = h.body() or {}
+                body.setdefault("metadata", {})["namespace"] = ns
+                return h.reply(201, self.sim.put_spread_selector({**body, "kind": kind}))
+            return self._list_or_watch(h, kind, q, ns)
+        if h.command == "PUT":
+            body = h.body() or {}
+            body.setdefault("metadata", {}).update(namespace=ns, name=name)
+            return h.reply(200, self.sim.put_spread_selector({**body, "kind": kind}))
+        if h.command == "DELETE":
+            return h.reply(200, self.sim.delete_spread_selector(kind, ns, name))
+        objs, _ = self._snapshot(kind)
+        found = next((o for o in objs if o["metadata"]["namespace"] == ns and o["metadata"]["name"] == name), None)
+        if found is None:
+            raise NotFound(f'{kind.lower()}s "{name}" not found')
+        return h.reply(200, found)
 
     def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:
         """The two node patches `shardsched.bench.serve_cluster.register_node` makes: ``status.conditions``
@@ -516,7 +553,7 @@ class SimApiServer:
         meta: dict = {"resourceVersion": str(rv)}
         if limit and start + limit < len(items):
             meta["continue"] = str(start + limit)
-        h.reply(200, {"kind": f"{kind}List", "apiVersion": "policy/v1" if kind == PDB else "v1", "metadata": meta,
+        h.reply(200, {"kind": f"{kind}List", "apiVersion": _API_VERSION.get(kind, "v1"), "metadata": meta,
                       "items": page})
 
     def _watch(self, h: _Handler, kind: str, sel: Selector, in_ns: Callable[[dict], bool], q: dict) -> None:

@@ -2,7 +2,8 @@
 
 List, then events from the list's resourceVersion; relist on 410 Gone. PodDisruptionBudgets are
 kept for preemption (`CoordinatorState.pdbs`; one that does not parse is logged and left out).
-Namespaces, nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
+Namespaces, the objects whose selectors default spreading reads (Services, ReplicationControllers,
+ReplicaSets, StatefulSets), nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
 bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the shard that
 owns their node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
 of the profiles pass their profile's PreEnqueue plugins first: a pod with ``spec.schedulingGates``
@@ -20,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import ADDED, PDB, PODGROUP, apply_pdb_events
+from shardsched.cluster import ADDED, PDB, PODGROUP, SPREAD_SELECTOR_KINDS, apply_pdb_events, spread_selector_changes
 from shardsched.errors import InvalidObjectError
 from shardsched.queue import GATED
 from shardsched.sharding.coordinator.events import fail_pod, mark_gated
@@ -104,12 +105,15 @@ class Intake:
         pdbs, _ = state.cluster.list_pdbs().wait()
         state.pdbs.clear()
         apply_pdb_events(state.pdbs, [(ADDED, obj) for obj in pdbs])
+        selectors, _ = state.cluster.list_spread_selectors().wait()
+        state.table.set_spread_selectors(spread_selector_changes((ADDED, o) for o in selectors)[0], replace=True)
         self.ledger_sync.instance = state.ledger.instance_id()  # the Redis the map is written to
         gone = repartition(state, infos)
         for s in state.shards:
             mine = [n.obj for n in infos if state.owners.get(n.name) == s.index]
             s.client.set_epoch(state.epoch)
             s.client.apply_namespaces(state.table.namespace_labels, [], True)
+            s.client.apply_spread_selectors(state.table.spread_selectors.objects(), [], True)
             s.client.apply_nodes(mine, gone.get(s.index, []))
         new = self._apply_pods([("ADDED", obj) for obj in pods])
         if self.gangs is not None:
@@ -142,6 +146,9 @@ class Intake:
             apply_pdb_events(state.pdbs, pdb_events)
         if namespace_events:
             self._apply_namespaces(namespace_events)
+        selector_events = [(e.type, e.object) for e in events if e.kind in SPREAD_SELECTOR_KINDS]
+        if selector_events:
+            self._apply_spread_selectors(selector_events)
         if node_events:
             self._apply_nodes(node_events)
         new = self._apply_pods(pod_events) if pod_events else []
@@ -171,6 +178,16 @@ class Intake:
             return
         for s in state.shards:
             s.client.apply_namespaces(upserts, removed, False)
+
+    def _apply_spread_selectors(self, events: list[tuple[str, dict]]) -> None:
+        """Services, ReplicationControllers, ReplicaSets and StatefulSets created, changed or
+        deleted: their selectors are PodTopologySpread's default selectors, here and in every shard
+        (`Shard.apply_spread_selectors`)."""
+        upserts, removed = spread_selector_changes(events)
+        if not self.state.table.set_spread_selectors(upserts, removed):
+            return
+        for s in self.state.shards:
+            s.client.apply_spread_selectors(upserts, removed, False)
 
     def _apply_nodes(self, events: list[tuple[str, dict]]) -> None:
         state = self.state
