@@ -125,6 +125,20 @@ def test_field_every_row_runs(ray_session, tmp_path):
     assert all((tmp_path / name).stat().st_size > 0 for name in ("field-throughput.png", "field-p99.png"))
 
 
+def test_field_paced_load_creates_the_pods_at_the_rate(ray_session):
+    # 60 pods at 40/s: the creations span 1.5 s, so the rows' windows do too; each pod waits for
+    # no burst, so its latency is far below the span
+    params = field.FieldParams(nodes=50, pods=60, rows=["kube-like", "shards-2"], rate_pods_per_s=40, timeout_s=120)
+    rows = field.run(params)
+    for r in rows:
+        assert r.bound == r.pods == 60 and r.invariants_ok and not r.errors, (r.name, r.errors)
+        assert r.wall_s >= 1.4, r.name
+        assert 0 < r.p50_latency_s <= r.p99_latency_s < 1.0, r.name
+    text = field.markdown(rows, params)
+    assert "pods created at 40/s" in text and "P50 latency" in text
+    assert field.to_json(rows, params, machine())["params"]["rate_pods_per_s"] == 40
+
+
 def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
                                         "PreemptionBasic/5Nodes"], timeout_s=120)

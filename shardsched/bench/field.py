@@ -1,7 +1,8 @@
 """``bench field``: the field report's table, every row measured in the same run.
 
 Scenario (the report's): a cluster of identical nodes (default 5,000 of 8 CPU / 16Gi / 110 pods) and
-a burst of identical pods (1 CPU / 1Gi) created at once. Rows:
+a burst of identical pods (1 CPU / 1Gi) created at once, or with ``rate_pods_per_s`` the same pods
+created at that steady rate (a paced load: the latency of a pod arriving at an ordinary load). Rows:
 
 - ``kube-like``: kube-scheduler's loop emulated in one process (`shardsched.bench.kubelike`): one
   pod per cycle, full default plugin set, adaptive ``percentageOfNodesToScore``, one bind at a time;
@@ -90,6 +91,8 @@ class FieldParams:
     shard_counts: tuple[int, ...] = (1, 2, 4)
     max_batch_size: int = 1000
     bind_latency_ms: float = 0.0
+    #: pods created per second, steadily (each row's pods over pods / rate seconds); None = a burst
+    rate_pods_per_s: float | None = None
     seed: int = 0
     timeout_s: float = 600.0
     config_path: str | None = None
@@ -103,7 +106,13 @@ class FieldParams:
         return {"nodes": self.nodes, "node": {"cpu": self.node_cpu, "memory": self.node_memory, "pods": self.node_pods},
                 "pods": self.pods, "pod": {"cpu": self.pod_cpu, "memory": self.pod_memory}, "row_pods": self.row_pods,
                 "shard_counts": list(self.shard_counts), "max_batch_size": self.max_batch_size,
-                "bind_latency_ms": self.bind_latency_ms, "seed": self.seed, "config": self.config_path}
+                "bind_latency_ms": self.bind_latency_ms, "rate_pods_per_s": self.rate_pods_per_s, "seed": self.seed,
+                "config": self.config_path}
+
+    def created_at(self, n: int) -> list[float]:
+        """Creation time of each of ``n`` pods, seconds after the row's start: all 0 for a burst,
+        ``i / rate`` for a paced load."""
+        return [i / self.rate_pods_per_s if self.rate_pods_per_s else 0.0 for i in range(n)]
 
 
 def selected_specs(params: FieldParams) -> list[RowSpec]:
@@ -157,6 +166,7 @@ def _kube_like(config: SchedulerConfiguration, nodes: list[dict], pods: list[dic
     profiler = Profiler(params.profile_dir, KUBE_LIKE) if params.profile_dir else None
     m = kubelike.run_in_subprocess(config, nodes, pods, params.seed, params.timeout_s, CREATE_CHUNK,
                                    bind_latency_s=faults.bind_latency_s if faults else 0.0,
+                                   created_at=params.created_at(len(pods)),
                                    on_progress=lambda bound, total: progress.update(bound, "scheduling"),
                                    on_start=(lambda pid: profiler.attach({pid: KUBE_LIKE})) if profiler else None)
     m.params["bind_latency_ms"] = params.bind_latency_ms
@@ -180,7 +190,8 @@ def _embedded(spec: RowSpec, config: SchedulerConfiguration, nodes: list[dict], 
             profiler.attach(run.meter.labels)
         progress.update(bound, f"pending {status['pending']}")
 
-    report = run_embedded(config, nodes, [(0.0, None, p) for p in pods], options, on_progress=on_progress)
+    workload = [(t, None, p) for t, p in zip(params.created_at(len(pods)), pods)]
+    report = run_embedded(config, nodes, workload, options, on_progress=on_progress)
     m = measurement_of(spec.name, report, {"nodes": params.nodes, "shards": spec.shards,
                                            "batch_size": spec.batch_size, "bind_latency_ms": params.bind_latency_ms})
     if profiler is not None:
@@ -236,19 +247,21 @@ def markdown(rows: list[Measurement], params: FieldParams) -> str:
     body = []
     for m in rows:
         r = rat[m.name]
-        body.append([f"**{m.name}**", f"{m.bound:,}/{m.pods:,}", fmt_s(m.avg_latency_s), fmt_s(m.p99_latency_s),
+        body.append([f"**{m.name}**", f"{m.bound:,}/{m.pods:,}", fmt_s(m.avg_latency_s), fmt_s(m.p50_latency_s),
+                     fmt_s(m.p99_latency_s),
                      fmt_rate(m.throughput_pods_per_s), f"{m.cpu_cores:.2f}", fmt_bytes(m.peak_rss_bytes),
                      fmt_ratio(r.get("throughput")), fmt_ratio(r.get("p99_latency")),
                      "ok" if m.invariants_ok and not m.errors else "; ".join(m.errors) or "VIOLATED"])
         rep = specs[m.name].report_row
         if rep is not None:
             avg, p99, tput, cores, gb = figures[rep]
-            body.append([f"  ↳ {rep}", "", f"{avg:.2f} s", f"{p99:.2f} s", fmt_rate(tput), f"{cores}", f"{gb} GB",
+            body.append([f"  ↳ {rep}", "", f"{avg:.2f} s", "", f"{p99:.2f} s", fmt_rate(tput), f"{cores}", f"{gb} GB",
                          "", "", ""])
-    title = (f"Field report table: {params.nodes:,} nodes of {params.node_cpu} CPU / {params.node_memory}, burst of "
+    load = (f"pods created at {params.rate_pods_per_s:,g}/s" if params.rate_pods_per_s else "burst")
+    title = (f"Field report table: {params.nodes:,} nodes of {params.node_cpu} CPU / {params.node_memory}, {load} of "
              f"{params.pod_cpu} CPU / {params.pod_memory} pods"
              + (f", bind latency {params.bind_latency_ms:g} ms per API call" if params.bind_latency_ms else ""))
-    table = markdown_table(["row", "bound/pods", "avg latency", "P99 latency", "pods/s", "CPU cores", "peak memory",
+    table = markdown_table(["row", "bound/pods", "avg latency", "P50 latency", "P99 latency", "pods/s", "CPU cores", "peak memory",
                             "pods/s vs kube-like", "P99 vs kube-like", "invariants"], body)
     profiles = [profile.markdown(m.name, m.params["profile"], m.cpu_s_by_process) for m in rows if m.params.get("profile")]
     if profiles:

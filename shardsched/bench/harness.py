@@ -68,13 +68,18 @@ class Measurement:
         return float(np.mean(self.latencies_s)) if self.latencies_s else 0.0
 
     @property
+    def p50_latency_s(self) -> float:
+        return float(np.percentile(self.latencies_s, 50)) if self.latencies_s else 0.0
+
+    @property
     def p99_latency_s(self) -> float:
         return float(np.percentile(self.latencies_s, 99)) if self.latencies_s else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "pods": self.pods, "bound": self.bound,
-            "avg_latency_s": round(self.avg_latency_s, 4), "p99_latency_s": round(self.p99_latency_s, 4),
+            "avg_latency_s": round(self.avg_latency_s, 4), "p50_latency_s": round(self.p50_latency_s, 4),
+            "p99_latency_s": round(self.p99_latency_s, 4),
             "throughput_pods_per_s": round(self.throughput_pods_per_s, 1), "cpu_cores": round(self.cpu_cores, 2),
             "peak_rss_bytes": int(self.peak_rss_bytes), "wall_s": round(self.wall_s, 3),
             "cpu_s_by_process": self.cpu_s_by_process, "invariants_ok": self.invariants_ok,

@@ -64,7 +64,7 @@ def kube_like_config(config: SchedulerConfiguration) -> SchedulerConfiguration:
 def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int = 0, timeout_s: float = 600.0,
         create_chunk: int = 2000, bind_latency_s: float = 0.0,
         on_progress: Callable[[int, int], None] | None = None,
-        after_load: Callable[[], None] | None = None) -> dict[str, Any]:
+        after_load: Callable[[], None] | None = None, created_at: list[float] | None = None) -> dict[str, Any]:
     """Run the baseline in this process (see module docstring) until every pod is bound or parked
     unschedulable, or ``timeout_s``.
 
@@ -74,6 +74,9 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
             the embedded run's feeder does), each stamped with its creation time
             (`CREATED_AT_ANNOTATION`, Unix seconds).
         bind_latency_s: the simulated API's answer time per bind call (`FaultConfig`); 0 = none.
+        created_at: per pod, when to create it (seconds after the start, non-decreasing; pods due
+            within 5 ms of each other are created in one call, as the embedded run's replay does);
+            None = the burst.
         on_progress: called with (bound, total) every `PROGRESS_EVERY_S`.
         after_load: called once the nodes are listed, before the burst (the bench's child process
             freezes them out of the collector there, as shardsched's processes do: `shardsched.gctune`).
@@ -100,14 +103,29 @@ def run(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], see
     ours = {p.scheduler_name for p in config.profiles}
     errors: list[str] = []
 
+    def create(chunk: list[dict]) -> None:
+        now = repr(time.time())
+        for p in chunk:
+            p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = now
+        cluster.create_pods(chunk)
+
     def feed() -> None:
         try:
-            for i in range(0, len(pods), create_chunk):
-                chunk = pods[i:i + create_chunk]
-                now = repr(time.time())
-                for p in chunk:
-                    p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = now
-                cluster.create_pods(chunk)
+            if created_at is None:
+                for i in range(0, len(pods), create_chunk):
+                    create(pods[i:i + create_chunk])
+                return
+            t0, i = time.monotonic(), 0
+            while i < len(pods):
+                wait_s = t0 + created_at[i] - time.monotonic()
+                if wait_s > 0.005:
+                    time.sleep(wait_s)
+                due = time.monotonic() - t0 + 0.005
+                j = i
+                while j < len(pods) and created_at[j] <= due:
+                    j += 1
+                create(pods[i:j])
+                i = j
         except Exception as e:  # noqa: BLE001 - reported, the loop ends on its own
             errors.append(f"feeder: {type(e).__name__}: {e}")
 
@@ -209,13 +227,14 @@ def _cpu_s() -> float:
 
 
 def _child(conn: Any, config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int,
-           timeout_s: float, create_chunk: int, bind_latency_s: float) -> None:
+           timeout_s: float, create_chunk: int, bind_latency_s: float, created_at: list[float] | None) -> None:
     from shardsched import gctune
 
     gctune.tune()  # the same collector settings as shardsched's processes
     try:
         out = run(config, nodes, pods, seed, timeout_s, create_chunk, bind_latency_s,
-                  on_progress=lambda b, t: conn.send(("progress", b, t)), after_load=gctune.freeze_loaded)
+                  on_progress=lambda b, t: conn.send(("progress", b, t)), after_load=gctune.freeze_loaded,
+                  created_at=created_at)
         conn.send(("result", out))
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -226,7 +245,8 @@ def _child(conn: Any, config: SchedulerConfiguration, nodes: list[dict], pods: l
 def run_in_subprocess(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int = 0,
                       timeout_s: float = 600.0, create_chunk: int = 2000, bind_latency_s: float = 0.0,
                       on_progress: Callable[[int, int], None] | None = None,
-                      on_start: Callable[[int], None] | None = None, name: str = "kube-like") -> Measurement:
+                      on_start: Callable[[int], None] | None = None, name: str = "kube-like",
+                      created_at: list[float] | None = None) -> Measurement:
     """`run` in a fresh ``spawn`` process (its CPU and memory are then its own); returns the row.
     ``on_start(pid)`` is called once the process runs (e.g. to attach a profiler).
 
@@ -235,7 +255,8 @@ def run_in_subprocess(config: SchedulerConfiguration, nodes: list[dict], pods: l
     """
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, config, nodes, pods, seed, timeout_s, create_chunk, bind_latency_s),
+    proc = ctx.Process(target=_child, args=(child, config, nodes, pods, seed, timeout_s, create_chunk, bind_latency_s,
+                                            created_at),
                        name="kube-like", daemon=True)
     proc.start()
     child.close()

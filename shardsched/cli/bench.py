@@ -171,6 +171,10 @@ def _fail(e: Exception) -> None:
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
 @click.option("--bind-latency-ms", type=FiniteFloat(0), default=0.0, show_default=True,
               help="Simulated API answer time per bind call, for every row (kube-like pays it per pod).")
+@click.option("--rate", "rate_pods_per_s", type=FiniteFloat(0, min_open=True),
+              help="Paced load instead of a burst: each row's pods are created at this steady rate (pods/s; "
+                   "the pods of each 5 ms created together), so the latency columns are those of a pod arriving "
+                   "at that load rather than waiting behind a burst (e.g. --rate 2000 --pods 120000: 60 s).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
 @click.option("--seed", type=int, default=0, show_default=True, help=SEED_HELP)
 @click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=600.0, show_default=True,
@@ -186,8 +190,9 @@ def field(**kw) -> None:
     Rows: kube-like (kube-scheduler's loop emulated in one process: one pod per cycle from a
     SchedulingQueue, full default plugins, adaptive percentageOfNodesToScore, one bind at a time,
     no signature cache), single (1 shard, batch 1), batch-10, batch-auto (adaptive batch), and
-    shards-1/2/4 (adaptive batch). Columns: avg and P99 latency (creation to bound), pods/s, CPU
-    cores, peak memory; the report's figures beside, ratios to kube-like of this run.
+    shards-1/2/4 (adaptive batch). Columns: avg, P50 and P99 latency (creation to bound), pods/s,
+    CPU cores, peak memory; the report's figures beside, ratios to kube-like of this run. With
+    --rate the pods arrive at that steady rate instead of in one burst.
     """
     from shardsched.bench import field as mod
     from shardsched.bench.harness import Progress, machine
@@ -198,7 +203,8 @@ def field(**kw) -> None:
         pod_cpu=kw["pod_cpu"], pod_memory=kw["pod_memory"], row_pods=kw["row_pods"],
         rows=[r.strip() for r in kw["rows"].split(",")] if kw["rows"] else None,
         shard_counts=tuple(kw["shard_counts"]), max_batch_size=kw["max_batch_size"],
-        bind_latency_ms=kw["bind_latency_ms"], seed=kw["seed"], timeout_s=kw["timeout_s"],
+        bind_latency_ms=kw["bind_latency_ms"], rate_pods_per_s=kw["rate_pods_per_s"], seed=kw["seed"],
+        timeout_s=kw["timeout_s"],
         config_path=kw["config_path"], profile_dir=kw["profile_dir"])
     host = machine()
     try:

@@ -37,6 +37,12 @@ from shardsched.store.server import connect
 
 #: concurrent method calls per actor: the loop runs in its own thread, calls arrive meanwhile
 MAX_CONCURRENCY = 16
+#: the runtime environment of every actor of the scheduler: Ray starts worker processes 15 nice
+#: levels below the raylet (``RAY_worker_niceness``, for batch tasks), so on a loaded machine the
+#: coordinator and the shards would wait behind every other process, the one that feeds them
+#: included, and a pod arriving alone would wait with them; they run at the raylet's priority, as
+#: Ray's own job supervisor does
+ACTOR_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 #: how long `coordinator_actor` waits for the name of a coordinator just killed to be free
 NAME_RELEASE_TIMEOUT_S = 10.0
 
@@ -124,7 +130,7 @@ class CoordinatorHost:
         def factory(index: int, member: str) -> ShardClient:
             handle = ray.remote(ShardHost).options(
                 name=f"{prefix}{member}", lifetime="detached" if adoptable else None,
-                max_concurrency=MAX_CONCURRENCY, num_cpus=shard_num_cpus, max_restarts=0,
+                max_concurrency=MAX_CONCURRENCY, num_cpus=shard_num_cpus, max_restarts=0, runtime_env=ACTOR_RUNTIME_ENV,
             ).remote(index, member, config, shard_redis_url or redis_url, prefix, cluster, me, shard_options)
             self.shard_handles[member] = handle
             return ShardClient(RayChannel(handle))
@@ -220,6 +226,7 @@ def named_actor(cls: Any, name: str | None, **options: Any) -> Any:
         ShardschedError: the name is still taken after `NAME_RELEASE_TIMEOUT_S`.
     """
     options.setdefault("max_concurrency", MAX_CONCURRENCY)
+    options.setdefault("runtime_env", ACTOR_RUNTIME_ENV)
     if name is None:
         return cls.options(**options)
     deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S

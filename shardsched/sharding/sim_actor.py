@@ -11,7 +11,7 @@ import ray
 from shardsched import gctune
 from shardsched.cluster import DELETED, POD
 from shardsched.cluster.errors import NotFound
-from shardsched.sharding.actors import MAX_CONCURRENCY
+from shardsched.sharding.actors import ACTOR_RUNTIME_ENV, MAX_CONCURRENCY
 from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
 from shardsched.sim.cluster import SimCluster
 
@@ -118,4 +118,5 @@ class SimClusterHost(SimCluster):
 def sim_cluster_actor(**kwargs: Any) -> Any:
     """Start the simulated cluster as a Ray actor (the embedded "API server")."""
     kwargs.setdefault("copy_inputs", False)  # Ray hands the actor private copies of its arguments
-    return ray.remote(SimClusterHost).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(**kwargs)
+    return ray.remote(SimClusterHost).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0,
+                                              runtime_env=ACTOR_RUNTIME_ENV).remote(**kwargs)
