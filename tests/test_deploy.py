@@ -1024,7 +1024,10 @@ def test_cluster_role_against_system_kube_scheduler() -> None:
     ours = cluster_role_permissions(one(RENDERED["base"], "ClusterRole", "shardsched"))
     kube = permissions(SYSTEM_KUBE_SCHEDULER)
     assert ours - kube == {("coordination.k8s.io", "leases", "get", "shardsched"),
-                           ("coordination.k8s.io", "leases", "update", "shardsched")}
+                           ("coordination.k8s.io", "leases", "update", "shardsched"),
+                           # gangs: scheduler-plugins' PodGroups, a CRD kube-scheduler does not read
+                           ("scheduling.x-k8s.io", "podgroups", "list", ""),
+                           ("scheduling.x-k8s.io", "podgroups", "watch", "")}
     # what we leave out (docs/operations.md lists why): get on pods, legacy bindings,
     # Events update, the volume, spreading and authn/authz reads
     dropped = {(g, r) for g, r, _, _ in kube - ours}
@@ -1035,7 +1038,7 @@ def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     """`shardsched.kube.cluster` lists the (verb, group, resource) it uses; all must be granted
     (the Lease verbs on the Lease of the deployed configuration)."""
     try:
-        from shardsched.kube.cluster import LEADER_PERMISSIONS, PERMISSIONS
+        from shardsched.kube.cluster import GANG_PERMISSIONS, LEADER_PERMISSIONS, PERMISSIONS
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("shardsched.kube"):
             raise
@@ -1044,7 +1047,7 @@ def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     granted = cluster_role_permissions(one(objects, "ClusterRole", "shardsched"))
     config = load_config(one(objects, "ConfigMap", "shardsched-config")["data"]["config.yaml"])
     lease = config.leader_election.resource_name
-    for verb, group, resource in PERMISSIONS + LEADER_PERMISSIONS:
+    for verb, group, resource in PERMISSIONS + GANG_PERMISSIONS + LEADER_PERMISSIONS:
         assert {(group, resource, verb, ""), (group, resource, verb, lease)} & granted, (verb, group, resource)
 
 

@@ -136,3 +136,39 @@ def test_apply_pod_group_events_keeps_bad_groups_as_invalid() -> None:
     fixed = pod_group("bad", 1)
     assert apply_pod_group_events(groups, invalid, [(MODIFIED, fixed), (DELETED, pod_group("g"))]) == 2
     assert set(groups) == {"default/bad"} and not invalid
+
+
+# ---------------------------------------------------------------- the Kubernetes backend
+
+def test_kube_backend_lists_and_watches_pod_groups_when_asked(simapi, simapi_spec) -> None:
+    import time
+
+    from shardsched.kube.cluster import GANG_PERMISSIONS, KubeCluster
+
+    sim = simapi.sim
+    sim.create_pod_group(pod_group("before", 2))
+    plain = KubeCluster(simapi_spec, ["shardsched-test"], watch_timeout_s=5)
+    gangs = KubeCluster(simapi_spec, ["shardsched-test"], watch_timeout_s=5, pod_groups=True)
+    try:
+        assert plain.list_pod_groups()[0] == [] and PODGROUP not in plain.capabilities.kinds
+        listed, rv = gangs.list_pod_groups()
+        assert [(g["apiVersion"], g["kind"], g["metadata"]["name"], g["status"]["phase"]) for g in listed] == [
+            ("scheduling.x-k8s.io/v1alpha1", PODGROUP, "before", PENDING)]
+        assert PODGROUP in gangs.capabilities.kinds
+        sim.create_pod_group(pod_group("after", 1))
+        sim.delete_pod_group("default", "before")
+        seen: list = []
+        deadline = time.monotonic() + 10
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, seen
+            events, rv = gangs.events_since(rv, [PODGROUP])
+            seen += [(e.type, e.object["metadata"]["name"]) for e in events]
+            time.sleep(0.05)
+        assert seen == [(ADDED, "after"), (DELETED, "before")]
+        simapi.deny("list", "podgroups")
+        assert gangs.missing_permissions() == ["list scheduling.x-k8s.io/podgroups"]
+        assert plain.missing_permissions() == []  # asked only of a scheduler with gangs
+        assert ("watch", "scheduling.x-k8s.io", "podgroups") in GANG_PERMISSIONS
+    finally:
+        plain.stop()
+        gangs.stop()

@@ -317,7 +317,7 @@ def serve(**kw) -> None:
             sys.exit(EXIT_CONFIG)
         log.info("serving /metrics, /healthz, /readyz on %s:%d", kw["metrics_address"], server.server_address[1])
 
-    probe = KubeCluster(spec, names)
+    probe = KubeCluster(spec, names, pod_groups=config.enables("Coscheduling"))
     elector = None
     if leader_elect:
         from shardsched.kube.leader import LeaderElector

@@ -86,6 +86,11 @@ class SchedulerConfiguration:
     api_version: str
     source: str = field(default="", compare=False)
 
+    def enables(self, plugin: str) -> bool:
+        """Whether some profile enables ``plugin`` at some extension point (``Coscheduling``: the
+        PodGroups must be watched)."""
+        return any(r.name == plugin for p in self.profiles for refs in p.plugins.values() for r in refs)
+
     def profile_for(self, scheduler_name: str) -> Profile | None:
         """The profile of ``scheduler_name`` (a pod's ``spec.schedulerName``), or None: not our pod."""
         return next((p for p in self.profiles if p.scheduler_name == scheduler_name), None)

@@ -50,7 +50,7 @@ from shardsched.kube.watches import Store, watch_specs
 from shardsched.kube.gate import BindsFirst
 from shardsched.kube.writers import EventRecorder, StatusWriter, condition_patch
 from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NAMESPACE, NODE, NOT_APPLIED, NOT_FOUND, PDB, POD,
-                                SPREAD_SELECTOR_KINDS,
+                                PODGROUP, SPREAD_SELECTOR_KINDS,
                                 BindResult, Capabilities, Timeout, WatchEvent)
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods
                ("create", "", "pods/binding"), ("patch", "", "pods/status"), ("delete", "", "pods"),
                ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
                ("create", "", "events"), ("patch", "", "events")]
+#: and when a profile has Coscheduling (gangs: the PodGroups are watched)
+GANG_PERMISSIONS = [("list", "scheduling.x-k8s.io", "podgroups"), ("watch", "scheduling.x-k8s.io", "podgroups")]
 #: and with --leader-elect, in the Lease's namespace
 LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
                       ("update", "coordination.k8s.io", "leases")]
@@ -87,6 +89,10 @@ class KubeCluster:
         watch_timeout_s: server-side timeout of one watch call (reconnects after it).
         log_limit: changes kept for ``events_since``.
         emit_scheduled: record the ``Scheduled`` Event after each successful bind.
+        pod_groups: also list and watch the PodGroups (``scheduling.x-k8s.io/v1alpha1``; a profile
+            has Coscheduling): `list_pod_groups`, their events, `GANG_PERMISSIONS` checked. Their
+            CRD must be installed (``deploy/crds/``); without it the PodGroup informer keeps
+            retrying and reports it in `health`.
 
     Raises (from the protocol methods): `PermanentError` for a bad kubeconfig or RBAC denied on the
     initial list, `TemporaryError` when the API server is unreachable; later failures of the
@@ -99,19 +105,22 @@ class KubeCluster:
 
     def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
                  bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
-                 emit_scheduled: bool = True) -> None:
+                 emit_scheduled: bool = True, pod_groups: bool = False) -> None:
         if not scheduler_names:
             raise ValueError("scheduler_names: at least one schedulerName is needed")
         self._args = dict(spec=spec, scheduler_names=list(scheduler_names), bind_share=bind_share,
                           bind_workers=bind_workers, watch_timeout_s=watch_timeout_s, log_limit=log_limit,
-                          emit_scheduled=emit_scheduled)
+                          emit_scheduled=emit_scheduled, pod_groups=pod_groups)
         self.spec = spec
         self.scheduler_names = list(scheduler_names)
         self.bind_share = bind_share
         self.bind_workers = bind_workers
         self.watch_timeout_s = watch_timeout_s
         self.emit_scheduled = emit_scheduled
-        self.store = Store(watch_specs(self.scheduler_names), log_limit)
+        self.pod_groups = pod_groups
+        if pod_groups:
+            self.capabilities = Capabilities(kinds=self.capabilities.kinds | {PODGROUP}, per_process=True)
+        self.store = Store(watch_specs(self.scheduler_names, pod_groups), log_limit)
         self._lock = threading.RLock()
         self._client: k8s.ApiClient | None = None
         self._api: Api | None = None
@@ -240,6 +249,12 @@ class KubeCluster:
         number. Raises: see `start`."""
         self.start()
         return self.store.list_spread_selectors()
+
+    def list_pod_groups(self) -> tuple[list[dict], int]:
+        """Every PodGroup (``scheduling.x-k8s.io/v1alpha1``; none unless built with
+        ``pod_groups``), and the sequence number. Raises: see `start`."""
+        self.start()
+        return self.store.list_pod_groups()
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
@@ -396,7 +411,7 @@ class KubeCluster:
         Raises: `Unauthorized`, `TemporaryError` (API server unreachable or failing).
         """
         api = self._connection()
-        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS]
+        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS + (GANG_PERMISSIONS if self.pod_groups else [])]
         if lease_namespace:
             wanted += [(v, g, r, lease_namespace) for v, g, r in LEADER_PERMISSIONS]
         missing = []

@@ -133,7 +133,8 @@ class KubeRuntime:
         from shardsched.store.server import connect
 
         if self.cluster is None:
-            self.cluster = KubeCluster(self.spec, self.names, watch_timeout_s=self.options.watch_timeout_s)
+            self.cluster = KubeCluster(self.spec, self.names, watch_timeout_s=self.options.watch_timeout_s,
+                                       pod_groups=self.config.enables("Coscheduling"))
         if isinstance(self.cluster, KubeCluster):
             self.cluster.start()
             if self.options.shard_options.binding_cycles > 0:  # every shard's binding cycles share it
@@ -201,7 +202,8 @@ class KubeRuntime:
                     signal.signal(signal.SIGTERM, sigterm)
         if self.coordinator is None:
             cluster = KubeCluster(self.spec, self.names, bind_share=1.0 / self.options.shards,
-                                  watch_timeout_s=self.options.watch_timeout_s)
+                                  watch_timeout_s=self.options.watch_timeout_s,
+                                  pod_groups=self.config.enables("Coscheduling"))
             # on this (the head's) node: it declares no CPU, so a worker hosting only it would look idle
             # to Ray's autoscaler and be removed
             here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)

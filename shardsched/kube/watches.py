@@ -35,10 +35,12 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, SPREAD_SELECTOR_KINDS, WatchEvent,
+from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, SPREAD_SELECTOR_KINDS,
+                                WatchEvent,
                                 read_event_log)
 
 NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD = "nodes", "bound", "ours", "namespaces", "pdbs", "spread"
+PODGROUPS = "podgroups"
 #: the watches of the objects whose selectors default spreading reads: (name, kind, path, apiVersion)
 SPREAD_WATCHES = (("services", "Service", "/api/v1/services", "v1"),
                   ("replicationcontrollers", "ReplicationController", "/api/v1/replicationcontrollers", "v1"),
@@ -52,7 +54,7 @@ CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES, PDBS or SPREAD), an optional server-side
+    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD or PODGROUPS), an optional server-side
     ``label_selector``, and the ``api_version`` of its objects (a list's items carry none)."""
 
     name: str
@@ -70,12 +72,13 @@ class WatchSpec:
         return f"{base} ({self.field_selector})" if self.field_selector else base
 
 
-def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
+def watch_specs(scheduler_names: Iterable[str], pod_groups: bool = False) -> list[WatchSpec]:
     """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
     for pod affinity's ``namespaceSelector``), PodDisruptionBudgets (``policy/v1``, which
     preemption reads), Services, ReplicationControllers, ReplicaSets and StatefulSets (whose
     selectors PodTopologySpread's default constraints read), each name's pods, and the other pods
-    bound to nodes (see module docstring)."""
+    bound to nodes (see module docstring); with ``pod_groups``, the PodGroups
+    (``scheduling.x-k8s.io/v1alpha1``, gangs: their CRD must be installed)."""
     names = sorted(set(scheduler_names))
     live = "status.phase!=Succeeded,status.phase!=Failed"
     others = "".join(f",spec.schedulerName!={name}" for name in names)
@@ -86,6 +89,9 @@ def watch_specs(scheduler_names: Iterable[str]) -> list[WatchSpec]:
              WatchSpec(BOUND_WATCH, POD, "/api/v1/pods", f"spec.nodeName!=,{live}{others}", BOUND)]
     for name in names:
         specs.append(WatchSpec(f"pods-ours:{name}", POD, "/api/v1/pods", f"spec.schedulerName={name},{live}", OURS))
+    if pod_groups:
+        specs.append(WatchSpec(PODGROUPS, PODGROUP, "/apis/scheduling.x-k8s.io/v1alpha1/podgroups", "", PODGROUPS,
+                               api_version="scheduling.x-k8s.io/v1alpha1"))
     return specs
 
 
@@ -207,6 +213,11 @@ class Store:
         """All PodDisruptionBudget objects and the sequence number ([] without a PDB watch)."""
         with self._lock:
             return list(self._members.get(PDBS, {}).values()), self._seq
+
+    def list_pod_groups(self) -> tuple[list[dict], int]:
+        """All PodGroup objects and the sequence number ([] without a PodGroup watch)."""
+        with self._lock:
+            return list(self._members.get(PODGROUPS, {}).values()), self._seq
 
     def list_spread_selectors(self) -> tuple[list[dict], int]:
         """All Services, ReplicationControllers, ReplicaSets and StatefulSets, and the sequence number."""

@@ -59,7 +59,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, SPREAD_SELECTOR_KINDS,
+from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, SPREAD_SELECTOR_KINDS,
                                 AlreadyExists, ApiError, Conflict, NotFound)
 from shardsched.sim.cluster import SimCluster
 
@@ -69,6 +69,7 @@ _BINDINGS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/bindings$")
 _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$")
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
 _PDBS = re.compile(r"^/apis/policy/v1/(?:namespaces/(?P<ns>[^/]+)/)?poddisruptionbudgets(?:/(?P<name>[^/]+))?$")
+_PODGROUPS = re.compile(r"^/apis/scheduling\.x-k8s\.io/v1alpha1/(?:namespaces/(?P<ns>[^/]+)/)?podgroups(?:/(?P<name>[^/]+))?$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 #: Services, ReplicationControllers, ReplicaSets and StatefulSets (default spreading's selectors):
 #: (path pattern, resource, kind, apiVersion)
@@ -78,7 +79,7 @@ _SPREAD = tuple((re.compile(rf"^/{prefix}/(?:namespaces/(?P<ns>[^/]+)/)?{resourc
                                                         ("api/v1", "v1", "replicationcontrollers", "ReplicationController"),
                                                         ("apis/apps/v1", "apps/v1", "replicasets", "ReplicaSet"),
                                                         ("apis/apps/v1", "apps/v1", "statefulsets", "StatefulSet")))
-_API_VERSION = {PDB: "policy/v1", **{kind: version for _, _, kind, version in _SPREAD}}
+_API_VERSION = {PDB: "policy/v1", PODGROUP: "scheduling.x-k8s.io/v1alpha1", **{kind: version for _, _, kind, version in _SPREAD}}
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
@@ -200,10 +201,11 @@ class SimApiServer:
         nodes, _ = self.sim.list_nodes()
         pdbs, _ = self.sim.list_pdbs()
         spread, _ = self.sim.list_spread_selectors()
+        groups, _ = self.sim.list_pod_groups()
         pods, self._rv = self.sim.list_pods()
         for n in nodes:
             self._objects[(NODE, n["metadata"]["name"])] = n
-        for kind, objs in ((POD, pods), (PDB, pdbs), *((k, [o for o in spread if o["kind"] == k])
+        for kind, objs in ((POD, pods), (PDB, pdbs), (PODGROUP, groups), *((k, [o for o in spread if o["kind"] == k])
                                                         for k in SPREAD_SELECTOR_KINDS)):
             for o in objs:
                 self._objects[(kind, f"{o['metadata']['namespace']}/{o['metadata']['name']}")] = o
@@ -369,7 +371,7 @@ class SimApiServer:
         resource, named = path, False
         for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
                          (_LEASES, "leases"), (_NAMESPACE, "namespaces"), (_PDBS, "poddisruptionbudgets"),
-                         *((rx, resource) for rx, resource, _, _ in _SPREAD)):
+                         (_PODGROUPS, "podgroups"), *((rx, resource) for rx, resource, _, _ in _SPREAD)):
             m = rx.match(path)
             if m:
                 sub = m.groupdict().get("sub")
@@ -441,6 +443,9 @@ class SimApiServer:
         m = _PDBS.match(path)
         if m:
             return self._pdbs(h, m["ns"], m["name"], q)
+        m = _PODGROUPS.match(path)
+        if m:
+            return self._pod_groups(h, m["ns"], m["name"], q)
         for rx, _, kind, _ in _SPREAD:
             m = rx.match(path)
             if m:
@@ -486,6 +491,17 @@ class SimApiServer:
         if h.command == "DELETE":
             return h.reply(200, self.sim.delete_pdb(ns, name))
         return h.reply(200, self.sim.get_pdb(ns, name))
+
+    def _pod_groups(self, h: _Handler, ns: str | None, name: str | None, q: dict) -> None:
+        if name is None:
+            if h.command == "POST" and ns:
+                body = h.body() or {}
+                body.setdefault("metadata", {})["namespace"] = ns
+                return h.reply(201, self.sim.create_pod_group(body))
+            return self._list_or_watch(h, PODGROUP, q, ns)
+        if h.command == "DELETE":
+            return h.reply(200, self.sim.delete_pod_group(ns, name))
+        return h.reply(200, self.sim.get_pod_group(ns, name))
 
     def _spread_selectors(self, h: _Handler, kind: str, ns: str | None, name: str | None, q: dict) -> None:
         """Services, ReplicationControllers, ReplicaSets, StatefulSets: list, watch, create, replace,
