@@ -170,6 +170,19 @@ class GangResult:
 
 
 @dataclass(frozen=True, slots=True)
+class NominateItem:
+    """A preemptor's nomination for `Ledger.nominate_many`: ``requests`` in canonical units held on
+    ``node`` for pods of priority <= ``priority``; ``victims``, the uids of the pods deleted for it
+    there."""
+
+    uid: str
+    node: str
+    priority: int
+    requests: Mapping[str, int]
+    victims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NominateResult:
     """Outcome of `Ledger.nominate`: ``code`` OK, INSUFFICIENT (``resource`` names the first that
     does not fit once the victims are gone) or NODE_UNKNOWN; ``dropped``, the uids of the
@@ -545,57 +558,39 @@ class Ledger:
 
     # Nominations (preemption)
 
-    @_translate_errors
     def nominate(self, uid: str, node: str, priority: int, requests: Mapping[str, int],
                  victims: Sequence[str], ttl_ms: int) -> NominateResult:
-        """Hold a preemptor's requests on its nominated node (kube's ``status.nominatedNodeName``)
-        for ``ttl_ms`` ms of server time: `reserve` then counts them for every other pod of equal or
-        lower priority. The ledger arbitrates between preemptors: the nomination is refused
-        (INSUFFICIENT) unless used - (the requests of the victims of every nomination on the node,
-        these ``victims`` included, still counted bound there) + reserved + (the other nominations
-        of priority >= ``priority``) + ``requests`` <= allocatable for every resource. On success
-        the node's nominations of lower priority are dropped (upstream clears them) and named in
-        the result; a nomination of ``uid`` already there is replaced. One Redis call.
-
-        Call it before deleting the victims: a refused nomination deletes nothing.
-        """
-        _check_ttl(ttl_ms)
-        keys = self._node_keys([node]) + [self._nom_key(node)]
-        code, detail, dropped = json.loads(self._scripts["nominate"](
-            keys=keys, args=[uid, int(priority), _encode_resources(requests, pod=True), _json(list(victims)), ttl_ms]))
-        return NominateResult(ReserveCode(code), detail, tuple(dropped) if isinstance(dropped, list) else ())
+        """One nomination (`nominate_many`)."""
+        return self.nominate_many([NominateItem(uid, node, priority, requests, tuple(victims))], ttl_ms)[0]
 
     @_translate_errors
-    def reserve_gang(self, epoch: int, members: Sequence[GangMember], ttl_ms: int) -> GangResult:
-        """Hold a whole gang on its nodes, all or nothing, in one Redis call across the shards.
+    def nominate_many(self, items: Sequence["NominateItem"], ttl_ms: int) -> list[NominateResult]:
+        """Hold preemptors' requests on their nominated nodes (kube's ``status.nominatedNodeName``)
+        for ``ttl_ms`` ms of server time: `reserve` then counts them for every other pod of equal or
+        lower priority. The ledger arbitrates between preemptors: a nomination is refused
+        (INSUFFICIENT) unless used - (the requests of the victims of every nomination on the node,
+        its own ``victims`` included, still counted bound there) + reserved + (the other
+        nominations of priority >= its own) + requests <= allocatable for every resource. On
+        success the node's nominations of lower priority are dropped (upstream clears them) and
+        named in the result; a nomination of the same uid already there is replaced. In order,
+        each recorded nomination counting for the next; one Redis call for the batch.
 
-        Per member, in order: ``epoch`` must be the current shard-map epoch and ``member.shard`` the
-        node's owner (else FENCED); no shard may hold a live lease of the member (else LEASE_HELD:
-        a shard is scheduling it); the node must be known (else NODE_UNKNOWN); for every requested
-        resource and the pod count, used + reserved + the node's nominations of other pods of
-        priority >= the member's + the members placed on the node before it + request <=
-        allocatable (else INSUFFICIENT). The first failure writes nothing. When all pass, every
-        member is recorded as a nomination on its node for ``ttl_ms`` ms of server time
-        (`renew_nominations` extends, `unnominate` releases them), which `reserve` counts for
-        every other pod of equal or lower priority: the gang's room is kept until each member is
-        reserved and bound by its owner shard.
+        Call it before deleting the victims: a refused nomination deletes nothing.
 
-        Returns: the `GangResult`. Raises: ValueError for an empty gang or a uid named twice.
+        Returns: one result per item, in order.
         """
-        members = list(members)
-        _check_unique([m.uid for m in members])
         _check_ttl(ttl_ms)
-        if not members:
-            raise ValueError("a gang needs at least one member")
-        nodes = list(dict.fromkeys(m.node for m in members))
+        items = list(items)
+        if not items:
+            return []
+        nodes = list(dict.fromkeys(it.node for it in items))
         index = {n: j for j, n in enumerate(nodes, 1)}
-        keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(m.uid) for m in members]
-        keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
-        items = [[m.uid, index[m.node], m.shard, _encode_resources(m.requests, pod=True), int(m.priority)]
-                 for m in members]
-        code, at, detail = json.loads(self._scripts["gang_reserve"](
-            keys=keys, args=[int(epoch), ttl_ms, _json([nodes, items])]))
-        return GangResult(GangCode(code), members[at - 1].uid if at else "", detail)
+        keys = [k for n in nodes for k in (*self._node_keys([n]), self._nom_key(n))]
+        batch = [[it.uid, index[it.node], int(it.priority), _encode_resources(it.requests, pod=True), list(it.victims)]
+                 for it in items]
+        out = json.loads(self._scripts["nominate"](keys=keys, args=[ttl_ms, _json(batch)]))
+        return [NominateResult(ReserveCode(code), detail, tuple(dropped) if isinstance(dropped, list) else ())
+                for code, detail, dropped in out]
 
     @_translate_errors
     def renew_nominations(self, nominations: Mapping[str, str], ttl_ms: int) -> set[str]:

@@ -9,7 +9,8 @@ of lower priority than the pod do not count for it, and are never victims (upstr
 nominated pods of equal or higher priority, `RunFilterPluginsWithNominatedPods`). When the plugin
 nominates a node:
 
-1. the nomination is recorded in the Redis ledger first (`Ledger.nominate`): the preemptor's
+1. the nomination is recorded in the Redis ledger first (`Ledger.nominate_many`, one call for the
+   preemptions of a rebalance pass): the preemptor's
    requests are held on the node for every pod of equal or lower priority, the shards' Reserve
    included, so the room the victims leave goes to the preemptor; the ledger refuses it when
    another preemptor holds the room (the second preemptor is re-evaluated after a backoff, nothing
@@ -45,6 +46,7 @@ from shardsched.cluster import ApiError, Conflict, NotFound
 from shardsched.errors import TemporaryError
 from shardsched.framework.interface import PostFilterResult
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
+from shardsched.store.ledger import NominateItem
 from shardsched.sharding.coordinator.nominator import unnominate
 from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
 
@@ -66,7 +68,8 @@ class Outcome:
         kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (the pod nominated to
             ``node``, its victims to be deleted by `Preemption.flush`), WAITING (not eligible while its victims terminate: it keeps its
             nomination on ``node``), FAILED (no node can be freed; ``message`` has upstream's
-            ``preemption: ...`` part) or ERROR (a write failed; retry after a backoff).
+            ``preemption: ...`` part) or ERROR (its node has no live owner shard; retry after a
+            backoff).
         node: the node for FITS, NOMINATED and WAITING.
         message: the FailedScheduling message of the attempt.
     """
@@ -87,11 +90,15 @@ PREEMPTION_FAILED = "PreemptionFailed"
 
 @dataclass
 class _Writes:
-    """The API writes of one preemption, made by `Preemption.flush`: its new victims on ``node``."""
+    """What one preemption writes (`Preemption.flush`): its nomination on ``node`` with
+    ``all_victims`` (uids) in the ledger, replacing the one on ``previous`` ("" for none), and the
+    deletion of its new ``victims``."""
 
     pod: PodInfo
     node: str
     victims: list[PodUsage]
+    all_victims: tuple[str, ...]
+    previous: str
 
 
 class _Failed:
@@ -170,9 +177,7 @@ class Preemption:
                 return Outcome(WAITING, nominated, message)
             self.clear(pod)
             return Outcome(FAILED, None, message)
-        error = self._prepare(pod, pf)
-        if error:
-            return Outcome(ERROR, None, f"{message} {error}")
+        self._prepare(pod, pf)
         return Outcome(NOMINATED, pf.nominated_node, message)
 
     def _hide_nominated(self, pod: PodInfo) -> list:
@@ -192,28 +197,14 @@ class Preemption:
         return out
 
     # ------------------------------------------------------------------ the writes
-    def _prepare(self, pod: PodInfo, pf: PostFilterResult) -> str:
-        """Upstream ``prepareCandidate`` up to the API writes (module docstring, step 1; the writes
-        of steps 2 and 3 are queued for `flush`): the nomination in the ledger, the victims marked
-        terminating by a preemption in the table (so the pods decided next see them going).
-        Returns "" when done, else the ``preemption: ...`` words of what failed."""
+    def _prepare(self, pod: PodInfo, pf: PostFilterResult) -> None:
+        """Upstream ``prepareCandidate``, decided here and written by `flush` (module docstring):
+        the victims marked terminating by a preemption in the table and the pod's nomination
+        recorded, so that the pods decided next in this pass see both."""
         state = self.state
         node = pf.nominated_node
         held = state.preempting.get(pod.uid)
         nom = Nomination(node, dict(held.victims) if held else {})
-        try:
-            res = state.ledger.nominate(pod.uid, node, pod.priority, pod.requests, [u.uid for u in pf.victims],
-                                        NOMINATION_TTL_MS)
-        except TemporaryError as e:
-            return f"preemption: the ledger is unavailable: {e}"
-        if not res.ok:
-            state.counters["nominations_refused"] += 1
-            return (f"preemption: node {node} is held for another preemptor "
-                    f"(insufficient {res.resource or 'room'} in the ledger once the victims are gone).")
-        if held is not None and held.node and held.node != node:
-            self._unnominate_ledger({pod.uid: held.node})
-        for uid in res.dropped:
-            self._clear_uid(uid, node)
         fresh = []
         for u in pf.victims:
             if u.uid in nom.victims or (u.deleting and u.preempted):  # already going: not deleted again
@@ -225,20 +216,41 @@ class Preemption:
         state.metrics.preemption_victims.observe(len(pf.victims))
         state.counters["preemptions"] += 1
         state.preempting[pod.uid] = nom
-        self._writes.append(_Writes(pod, node, fresh))
-        return ""
+        self._writes.append(_Writes(pod, node, fresh, tuple(u.uid for u in pf.victims), held.node if held else ""))
 
     def flush(self) -> None:
-        """The API writes of the preemptions decided since the last call, pipelined: every victim's
-        ``DisruptionTarget`` condition, then (once each is answered) every delete with its uid
-        precondition, then the ``Preempted`` Events and the preemptors' ``nominatedNodeName``; a
-        few round trips for a whole rebalance pass instead of some per victim. A victim gone (404)
-        or re-created (409) counts as gone. A preemptor one of whose victims could not be deleted
-        loses its nomination (`_undo`) and is retried after a backoff. Call with the state lock
-        held, after the decisions (`Rebalancer.rebalance` does)."""
+        """What the preemptions decided since the last call write, in a few round trips for a whole
+        rebalance pass: their nominations in the ledger, in one call, before anything is deleted
+        (a nomination refused undoes its preemption, `_undo`); then, pipelined, every victim's
+        ``DisruptionTarget`` condition, every delete with its uid precondition once the condition
+        is answered, the ``Preempted`` Events and the preemptors' ``nominatedNodeName``. A victim
+        gone (404) or re-created (409) counts as gone; a preemptor one of whose victims could not
+        be deleted loses its nomination (`_undo`) and is retried after a backoff. Call with the
+        state lock held, after the decisions (`Rebalancer.rebalance` does)."""
         writes, self._writes = self._writes, []
         if not writes:
             return
+        state = self.state
+        items = [NominateItem(w.pod.uid, w.node, w.pod.priority, w.pod.requests, w.all_victims) for w in writes]
+        try:
+            results = state.ledger.nominate_many(items, NOMINATION_TTL_MS)
+        except TemporaryError as e:
+            for w in writes:
+                self._undo(w, set(), f"preemption: the ledger is unavailable: {e}")
+            return
+        accepted = []
+        for w, res in zip(writes, results):
+            if not res.ok:
+                state.counters["nominations_refused"] += 1
+                self._undo(w, set(), f"preemption: node {w.node} is held for another preemptor (insufficient "
+                                     f"{res.resource or 'room'} in the ledger once the victims are gone).")
+                continue
+            if w.previous and w.previous != w.node:
+                self._unnominate_ledger({w.pod.uid: w.previous})
+            for uid in res.dropped:
+                self._clear_uid(uid, w.node)
+            accepted.append(w)
+        writes = accepted
         cluster = self.state.cluster
         errors: dict[int, str] = {}
         conditions = [[(u, _send(cluster.set_disruption_target, *_split(u.key), w.pod.scheduler_name))

@@ -77,8 +77,7 @@ class Rebalancer:
                     state.unroute(t.shard)
                     t.tried.clear()
                     h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
-                    _, static = shard_counts(state, h.qpi.pod_info)
-                    self._fail_round(t, h.qpi, None, static, shard, park, retry)
+                    self._fail_round(t, h.qpi, None, None, shard, park, retry)
                     continue
                 if needs_cluster_view(state, pod):
                     # its node is chosen here over the whole cluster, afresh after any failure
@@ -90,8 +89,8 @@ class Rebalancer:
                         retry[target].append(h.qpi)
                         continue
                     h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
-                    _, static = shard_counts(state, h.qpi.pod_info)
-                    self._fail_round(t, h.qpi, cluster_decision(state, h.qpi.pod_info), static, shard, park, retry)
+                    failed = None if self.preemption.has_post_filter(pod) else cluster_decision(state, h.qpi.pod_info)
+                    self._fail_round(t, h.qpi, failed, None, shard, park, retry)
                     continue
                 room, static = shard_counts(state, pod)
                 target = choose(state, room, static, exclude=t.tried)
@@ -105,6 +104,9 @@ class Rebalancer:
                 # room, the shards' views are behind the watch: retry after a backoff, no attempt
                 # is counted. Otherwise the round is one failed attempt (kube's FailureHandler).
                 t.tried.clear()
+                if self.preemption.has_post_filter(pod):  # its decision over the whole cluster comes first
+                    self._fail_round(t, h.qpi, None, static, shard, park, retry)
+                    continue
                 result = state.scheduler_for(pod).schedule(pod, assume=False)
                 if result.node is not None and state.owners.get(result.node) is not None:
                     target = state.owners[result.node]
@@ -122,14 +124,18 @@ class Rebalancer:
         self.preemption.flush()  # the victims' deletions, once their preemptors wait where they retry
         return True
 
-    def _fail_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult | None, static: np.ndarray,
+    def _fail_round(self, t: Tracked, qpi: QueuedPodInfo, failed: ScheduleResult | None, static: np.ndarray | None,
                     shard: int, park: dict[int, list], retry: dict[int, list]) -> None:
-        """A round over the shards found no node (``failed``: the decision over the whole cluster,
-        None for a preemptor handed back): the PostFilter plugins over the whole cluster
-        (`Preemption.run`), then one failed attempt, or a retry where the pod fits now."""
+        """A round over the shards found no node: the profile over the whole cluster and its
+        PostFilter plugins (`Preemption.run`, which decides first whether the pod fits now), then
+        one failed attempt, or a retry where it fits. ``failed``: for a profile without PostFilter
+        plugins, the failed decision whose message the attempt gets (None otherwise); ``static``:
+        `shard_counts`' (computed here when None and needed)."""
         state = self.state
         pod = qpi.pod_info
-        if failed is not None and not self.preemption.has_post_filter(pod):
+        if failed is not None:
+            if static is None:
+                _, static = shard_counts(state, pod)
             self._give_up_round(t, qpi, failed.status.message, static, shard, park)
             return
         unnominate(state, pod.uid)  # a preemptor's assume: it is decided afresh
@@ -156,6 +162,8 @@ class Rebalancer:
                 return
             static = np.zeros(len(state.shards), np.int64)
             static[owner] = 1
+        elif static is None:
+            _, static = shard_counts(state, pod)
         self._give_up_round(t, qpi, out.message, static, shard, retry if out.kind == ERROR else park)
 
     def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, message: str, static: np.ndarray,
