@@ -13,7 +13,7 @@ import pytest
 from shardsched.cluster import Forbidden
 from shardsched.config import load_config
 from shardsched.sim import SimCluster
-from shardsched.store.ledger import BoundPod, NodeEntry, ReserveCode, ReserveItem
+from shardsched.store.ledger import BoundPod, NodeEntry, NominateItem, ReserveCode, ReserveItem
 
 from builders import pod
 from test_coordinator import World
@@ -154,9 +154,14 @@ def test_two_preemptors_on_one_node_across_two_shards_one_wins_the_ledger(ledger
     # the arbiter itself: a full node, two preemptors naming the same victims
     ledger.upsert_nodes([NodeEntry("n", {"cpu": 4000, "pods": 10})])
     ledger.observe([BoundPod("v0", "n", {"cpu": 2000}), BoundPod("v1", "n", {"cpu": 2000})])
-    assert ledger.nominate("p1", "n", HIGH, {"cpu": 2000}, ["v0"], 60_000).ok
-    refused = ledger.nominate("p2", "n", HIGH, {"cpu": 3000}, ["v1"], 60_000)
-    assert refused.code == ReserveCode.INSUFFICIENT and refused.resource == "cpu"
+    first, refused, lower = ledger.nominate_many([NominateItem("p1", "n", HIGH, {"cpu": 2000}, ("v0",)),
+                                                  NominateItem("p2", "n", HIGH, {"cpu": 3000}, ("v1",)),
+                                                  NominateItem("p3", "n", LOW, {"cpu": 1000}, ())], 60_000)
+    assert first.ok and refused.code == ReserveCode.INSUFFICIENT and refused.resource == "cpu"
+    assert lower.code == ReserveCode.INSUFFICIENT  # p1's 2 cpu and v1's 2 cpu leave none for it
+    assert ledger.nominate("p2", "n", HIGH, {"cpu": 2000}, ["v1"], 60_000).ok  # with both victims gone: room
+    assert ledger.nominations("n") == {"p1": HIGH, "p2": HIGH}
+    ledger.unnominate({"p2": "n"})
     ledger.forget({"v0": "n", "v1": "n"})
     ledger.set_owners({"n": "s"}, 99)
     tokens = ledger.acquire_leases(["low", "p1"], "s", 10_000)
