@@ -406,15 +406,21 @@ class NodeTable:
         self.affinity_generation += 1
 
     def add_pod(self, usage: PodUsage, node_name: str) -> bool:
-        """Count a pod on a node (kube's AssumePod / AddPod). Idempotent by pod uid.
+        """Count a pod on a node (kube's AssumePod / AddPod). Idempotent by pod uid; a pod counted
+        on that node already with other requests (an in-place resize) is counted again with these
+        (kube's UpdatePod).
 
         Returns:
             True if the pod is now counted on ``node_name``; False if the node is unknown (the pod
             is kept as an orphan and counted when the node is added).
         """
         if usage.uid in self.pod_slot:
-            if self.names[self.pod_slot[usage.uid]] == node_name:
-                return True
+            slot = self.pod_slot[usage.uid]
+            if self.names[slot] == node_name:
+                old = self.pods[slot][usage.uid]
+                if (old.requests == usage.requests and old.nonzero_cpu_milli == usage.nonzero_cpu_milli
+                        and old.nonzero_memory_bytes == usage.nonzero_memory_bytes):
+                    return True
             self.remove_pod(usage.uid)
         slot = self.index.get(node_name)
         if slot is None:

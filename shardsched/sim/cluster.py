@@ -75,6 +75,7 @@ from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.podgroup import API_VERSION as PODGROUP_API_VERSION, PodGroup, group_key_of, group_status
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
 from shardsched.errors import InvalidObjectError
+from shardsched.api.requests import RESIZE_INFEASIBLE, RESIZE_PENDING_CONDITION, pod_requests
 from shardsched.api.workloads import REPLICA_SET, SERVICE, workload_selector_of
 from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP,
                                 SPREAD_SELECTOR_KINDS, AlreadyExists, Binding,
@@ -506,6 +507,81 @@ class SimCluster:
             old = self._spread_objects.pop((REPLICA_SET, namespace, name), None)
             if old is not None:
                 self._commit(DELETED, REPLICA_SET, {**old, "metadata": {**old["metadata"]}})
+
+    def resize_pod(self, namespace: str, name: str, requests: Mapping[str, Mapping[str, Any]]) -> dict:
+        """An in-place resize of a bound, running pod (the ``pods/resize`` subresource), and the
+        kubelet's answer in the same write, as its ``handlePodResourcesResize`` decides it:
+
+        - the containers named in ``requests`` (container name -> resource list) get those
+          ``resources.requests``, their other requests kept (the API server refuses a request
+          above the container's limit);
+        - the pod's new requests (`pod_requests` of the new spec) fit the node beside its other
+          pods: the resize is actuated (every container status's ``allocatedResources`` and
+          ``resources.requests`` are the new requests; no ``PodResizePending`` condition), and the
+          node's totals move by the difference;
+        - they exceed the node's allocatable: ``PodResizePending`` with reason ``Infeasible``;
+          they fit the node but not now: reason ``Deferred`` (kubelet's messages). Either way the
+          statuses keep what was allocated and the node's totals do not move.
+
+        Returns: the pod. Raises: NotFound, Invalid (not bound, terminal, an unknown container, a
+        malformed quantity or one above its limit: the message names the field).
+        """
+        key = f"{namespace}/{name}"
+        with self._locked():
+            pod = self._pods.get(key)
+            if pod is None:
+                raise NotFound(f'pods "{name}" not found')
+            node_name = pod["spec"].get("nodeName")
+            if not node_name or pod["status"].get("phase") in TERMINAL_PHASES:
+                raise Invalid(f"pod {key}: only a bound pod that is not terminal can be resized")
+            spec = _copy_tree(pod["spec"])
+            names = [c.get("name") for c in spec.get("containers", []) + spec.get("initContainers", [])]
+            try:
+                for cname, reqs in requests.items():
+                    if cname not in names:
+                        raise InvalidObjectError(f"no container named {cname!r}", "spec.containers")
+                    for c in spec.get("containers", []) + spec.get("initContainers", []):
+                        if c.get("name") == cname:
+                            res = c.setdefault("resources", {})
+                            res["requests"] = {**(res.get("requests") or {}), **reqs}
+                problems = pod_problems({**pod, "spec": spec})
+                if problems:
+                    raise InvalidObjectError("; ".join(f"{path}: {message}" for path, message in problems))
+                desired = _admission_ordered({**pod_requests({"spec": spec}), PODS: 1})
+            except InvalidObjectError as e:
+                raise Invalid(f"pod {key}: {e}") from None
+            old = self._requests[key]
+            alloc, used = self._allocatable.get(node_name, {}), self._requested.get(node_name, {})
+            status = dict(pod["status"])
+            statuses = {cs.get("name"): cs for cs in status.get("containerStatuses") or []}
+            too_big = next((r for r, v in desired.items() if v > alloc.get(r, 0)), None)
+            no_room = next((r for r, v in desired.items() if used.get(r, 0) - old.get(r, 0) + v > alloc.get(r, 0)), None)
+            now = _now()
+            if too_big is None and no_room is None:
+                self._add_usage(node_name, old, -1)
+                self._add_usage(node_name, desired, 1)
+                self._requests[key] = desired
+                allocated = {c["name"]: (c.get("resources") or {}).get("requests") or {} for c in spec.get("containers", [])}
+                status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != RESIZE_PENDING_CONDITION]
+            else:
+                allocated = {c["name"]: statuses.get(c["name"], {}).get("allocatedResources")
+                             or (c.get("resources") or {}).get("requests") or {}
+                             for c in pod["spec"].get("containers", [])}
+                r = too_big or no_room
+                if too_big is not None:
+                    reason, message = RESIZE_INFEASIBLE, (f"Node didn't have enough capacity: {r}, requested: "
+                                                          f"{desired[r]}, capacity: {alloc.get(r, 0)}")
+                else:
+                    reason, message = "Deferred", (f"Node didn't have enough resource: {r}, requested: {desired[r]}, "
+                                                   f"used: {used.get(r, 0) - old.get(r, 0)}, capacity: {alloc.get(r, 0)}")
+                status["conditions"] = _with_condition(
+                    status.get("conditions") or [], {"type": RESIZE_PENDING_CONDITION, "status": "True", "reason": reason,
+                                                     "message": message}, now) or status.get("conditions") or []
+            status["containerStatuses"] = [{**statuses.get(cname, {"name": cname}), "allocatedResources": dict(res),
+                                            "resources": {"requests": dict(res)}} for cname, res in allocated.items()]
+            new = {**pod, "metadata": {**pod["metadata"]}, "spec": spec, "status": status}
+            self._pods[key] = self._commit(MODIFIED, POD, new)
+            return self._pods[key]
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None,
                    grace_period_s: int | None = None) -> dict:

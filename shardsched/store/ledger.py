@@ -101,6 +101,8 @@ class LedgerCode(IntEnum):
     RELEASED = 4
     REMOVED = 5
     NOT_FOUND = 6
+    #: observe: a pod counted before with other requests (an in-place resize) counts these now
+    RESIZED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,7 +639,8 @@ class Ledger:
         passes that node's keys (and so on, should the pointer move meanwhile).
 
         Returns: uid -> ADDED (counted, no reservation), CONVERTED (counted in place of its
-        reservation) or ALREADY (already counted).
+        reservation), ALREADY (already counted with these requests) or RESIZED (counted before
+        with other requests, an in-place resize: the node's usage moves by the difference).
 
         Raises:
             TemporaryError: also when the pointers kept moving for 5 calls.

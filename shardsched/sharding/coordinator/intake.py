@@ -20,6 +20,8 @@ from typing import Any, Iterable, Mapping
 
 from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
+from shardsched.api.quantity import PODS
+from shardsched.api.requests import pod_requests
 from shardsched.cache.node_table import PodUsage
 from shardsched.cluster import ADDED, PDB, PODGROUP, SPREAD_SELECTOR_KINDS, apply_pdb_events, spread_selector_changes
 from shardsched.errors import InvalidObjectError
@@ -31,7 +33,7 @@ from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.partition import assign_new, repartition
 from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
 from shardsched.sharding.calls import RemoteUnavailable
-from shardsched.store.ledger import BoundPod, NodeEntry
+from shardsched.store.ledger import MAX_AMOUNT, BoundPod, NodeEntry
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,17 @@ def parse_namespace(obj: dict) -> tuple[str, dict[str, str]] | None:
 def namespace_labels(objs: Iterable[dict]) -> dict[str, dict[str, str]]:
     """Namespace name -> labels of listed Namespace objects (`parse_namespace`)."""
     return dict(filter(None, map(parse_namespace, objs)))
+
+
+def _ledger_amounts(requests: Mapping[str, int], obj: Mapping[str, Any]) -> dict[str, int]:
+    """A resized pod's requests as the ledger counts them: an amount above what it can hold
+    (`MAX_AMOUNT`, far above any node) is counted as that much, with a log line naming the pod."""
+    over = {k: v for k, v in requests.items() if v > MAX_AMOUNT}
+    if over:
+        meta = obj.get("metadata") or {}
+        log.error("pod %s/%s is resized to %s, more than the ledger counts; counted as %d of each",
+                  meta.get("namespace"), meta.get("name"), over, MAX_AMOUNT)
+    return {k: min(v, MAX_AMOUNT) for k, v in requests.items()}
 
 
 class Intake:
@@ -292,6 +305,11 @@ class Intake:
                 if uid in state.preempting:
                     preemptors_done.append(uid)
                 if state.bound_on.get(uid) == node:
+                    resized = self._resized(uid, node, obj) if typ == "MODIFIED" else None
+                    if resized is not None:
+                        observe.append(BoundPod(uid, node, _ledger_amounts(resized.requests, obj)))
+                        if node in state.owners:
+                            adds[state.owners[node]].append((resized, node))
                     continue
                 t = state.pending.pop(uid, None)
                 if t is not None:
@@ -352,6 +370,29 @@ class Intake:
                 state.shards[index].client.remove_pods(keys)
         state.metrics.pending_pods.labels(GATED).set(len(state.gated))
         return list(new.values())
+
+    def _resized(self, uid: str, node: str, obj: dict) -> PodUsage | None:
+        """A counted pod's update that changes its requests (an in-place resize: upstream's
+        ``PodRequests`` with ``UseStatusResources``, `shardsched.api.requests`): the new usage,
+        counted in the table at once; None when its requests did not change. A pod whose new
+        spec or status cannot be parsed is logged and keeps the usage it had."""
+        table = self.state.table
+        slot = table.pod_slot.get(uid)
+        counted = table.pods[slot].get(uid) if slot is not None else None
+        if counted is None:
+            return None
+        try:
+            requests = {k: v for k, v in pod_requests(obj).items() if v > 0}
+            if {**requests, PODS: 1} == dict(counted.requests):
+                return None
+            usage = PodUsage.of(PodInfo.from_object(obj))
+        except InvalidObjectError as e:
+            meta = obj.get("metadata") or {}
+            log.error("pod %s/%s on %s: its resize cannot be read (%s); it keeps counting %s",
+                      meta.get("namespace"), meta.get("name"), node, e, dict(counted.requests))
+            return None
+        table.add_pod(usage, node)
+        return usage
 
     def _pre_enqueue(self, pod: PodInfo, obj: Mapping[str, Any]) -> bool:
         """Whether a pending pod may be queued: its profile's PreEnqueue plugins pass (upstream's

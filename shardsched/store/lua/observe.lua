@@ -11,10 +11,12 @@
 --
 -- Per pod: a reservation of the pod on its node is dropped from "r:"; a reservation on the node
 -- the pointer names is released; then, unless the pod is already in the bound hash, its requests
--- are added to "u:" and it is recorded there. The returned code:
+-- are added to "u:" and it is recorded there; a pod already there with other requests (an
+-- in-place resize) has its old requests taken from "u:" and the new ones added. The returned code:
 --   1 ADDED      counted, there was no reservation on this node
 --   2 CONVERTED  counted, in place of its reservation on this node
---   3 ALREADY    was already counted; only reservations were cleaned up
+--   3 ALREADY    was already counted with these requests; only reservations were cleaned up
+--   8 RESIZED    was counted with other requests: now counted with these
 --   7 MOVED      the pointer names a node whose keys were not passed: nothing done; the detail
 --                is that node, pass its keys and retry
 -- Returns: a JSON flat array, two entries per pod in order: code, detail ("" unless MOVED).
@@ -38,8 +40,14 @@ for i = 1, n_pods do
       drop_reservation(other_node, other_resv, other_rexp, uid)
     end
     if pointer then redis.call('HDEL', pod_key, 'rn') end
-    if redis.call('HEXISTS', bound_key, uid) == 1 then
+    local counted = redis.call('HGET', bound_key, uid)
+    if counted == requests then
       code = 3
+    elseif counted then
+      redis.call('HSET', bound_key, uid, requests)
+      add_counters(node_key, 'u:', counted, -1)
+      add_counters(node_key, 'u:', requests, 1)
+      code = 8
     else
       redis.call('HSET', bound_key, uid, requests)
       add_counters(node_key, 'u:', requests, 1)
