@@ -29,9 +29,10 @@ nominates a node:
 
 A victim that cannot be deleted (403 Forbidden, the API away) undoes the nomination: it is released,
 the victims not deleted are no longer counted as going, the pod gets a FailedScheduling Event with
-the error and is retried after a backoff; the victims deleted so far stay remembered. The nomination is released when the preemptor binds or is
-deleted (the watch), or when a later PostFilter clears it; it expires after `NOMINATION_TTL_MS`
-unless the coordinator renews it (`renew`, every health period).
+the error and is retried after a backoff; the victims deleted so far stay remembered. The
+nomination is released when the preemptor binds or is deleted (the watch), or when a later
+PostFilter clears it; it expires after `NOMINATION_TTL_MS` unless the coordinator renews it
+(`renew`, every health period).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ log = logging.getLogger(__name__)
 #: period; if the coordinator dies it frees the node after this long
 NOMINATION_TTL_MS = 60_000
 
+#: the queue move that retries a preemptor whose victim could not be deleted (metric label)
+PREEMPTION_FAILED = "PreemptionFailed"
+
 #: outcomes of `Preemption.run`
 FITS, NOMINATED, WAITING, FAILED, ERROR = "fits", "nominated", "waiting", "failed", "error"
 
@@ -66,10 +70,10 @@ class Outcome:
 
     Attributes:
         kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (the pod nominated to
-            ``node``, its victims to be deleted by `Preemption.flush`), WAITING (not eligible while its victims terminate: it keeps its
-            nomination on ``node``), FAILED (no node can be freed; ``message`` has upstream's
-            ``preemption: ...`` part) or ERROR (its node has no live owner shard; retry after a
-            backoff).
+            ``node``, its victims to be deleted by `Preemption.flush`), WAITING (not eligible while
+            its victims terminate: it keeps its nomination on ``node``), FAILED (no node can be
+            freed; ``message`` has upstream's ``preemption: ...`` part) or ERROR (its node has no
+            live owner shard; retry after a backoff).
         node: the node for FITS, NOMINATED and WAITING.
         message: the FailedScheduling message of the attempt.
     """
@@ -82,10 +86,6 @@ class Outcome:
 def cluster_scheduler(state: CoordinatorState, pod: PodInfo) -> GenericScheduler:
     """The pod's profile over the whole cluster (`CoordinatorState.cluster_schedulers`)."""
     return state.cluster_schedulers.get(pod.scheduler_name) or next(iter(state.cluster_schedulers.values()))
-
-
-#: the queue move that retries a preemptor whose victim could not be deleted (metric label)
-PREEMPTION_FAILED = "PreemptionFailed"
 
 
 @dataclass
@@ -264,7 +264,8 @@ class Preemption:
                 errors[i] = self._error_words(w, u, e)
                 deletes.append([])
                 continue
-            deletes.append([(u, _send(cluster.delete_pod, *_split(u.key), u.uid, None)) for u, e in outcomes if e is None])
+            deletes.append([(u, _send(cluster.delete_pod, *_split(u.key), u.uid, None))
+                            for u, e in outcomes if e is None])
         nominations = []
         for i, (w, sent) in enumerate(zip(writes, deletes)):
             deleted = []
