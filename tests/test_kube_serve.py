@@ -162,6 +162,32 @@ def test_sigterm_while_binds_wait_on_the_rate_limit_exits_promptly(api_server, k
     assert api_server.sim.invariants()["double_binds"] == 0
 
 
+def scheduled_events(srv: SimApiServer) -> set[str]:
+    return {(ev.get("regarding") or ev.get("involvedObject") or {}).get("name") for ev in list(srv.events.values())
+            if ev.get("reason") == "Scheduled"}
+
+
+def test_sigterm_right_after_the_binds_writes_every_scheduled_event_first(api_server, kubeconfig, redis_server,
+                                                                         processes):
+    """The Events behind the binds (a low --kube-api-qps, and Events yield to binds) are still
+    queued when SIGTERM comes right after the last bind: serve writes them all before it exits,
+    within its stated grace period (--shutdown-grace-seconds), and exits 0."""
+    names = [f"e{i:03d}" for i in range(230)]  # 23 of the 24 CPUs
+    create(api_server.sim, *names)
+    s = Serve(kubeconfig, redis_server.url, "--no-leader-elect", "--kube-api-qps", "30", "--kube-api-burst", "5",
+              "--shutdown-grace-seconds", "20")
+    processes.append(s)
+    wait_for(lambda: bound(api_server.sim, *names), timeout_s=60, what="every pod bound")
+    left = len(names) - len(scheduled_events(api_server))
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=40) == 0, s.output()[-3000:]
+    assert time.monotonic() - t0 < 5 + 20 + 5  # binds' grace + the Events' grace + the process' own stop
+    # more than 5 s of writes at 30 requests/s: what serve's stop wrote before it had a grace period
+    assert left > 5 * 30 + 5, f"the test needs more Events queued at SIGTERM than 5 s can write, not {left}"
+    assert scheduled_events(api_server) == set(names), s.output()[-3000:]
+
+
 def test_rbac_denied_waits_with_a_clear_reason_then_recovers(api_server, kubeconfig, redis_server, processes):
     api_server.deny("create", "pods/binding")
     create(api_server.sim, "x")

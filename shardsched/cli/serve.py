@@ -198,6 +198,10 @@ def _start_runtime(runtime, cluster_probe, lease: tuple[str, str] | None, state:
               help="Bursts of binding requests (default: the file's clientConnection.burst, 100).")
 @click.option("--watch-timeout", "watch_timeout_s", type=click.FloatRange(1), default=300.0, show_default=True,
               help="Seconds one watch call lasts before it is renewed (randomized up to 2x).")
+@click.option("--shutdown-grace-seconds", "shutdown_grace_s", type=click.FloatRange(0), default=20.0, show_default=True,
+              help="On SIGTERM/SIGINT, how long the Events and pod conditions already decided may take to be written, "
+                   "after the binds in flight (up to 5 s); what is left then is dropped and logged. The default and "
+                   "the binds fit in a pod's default terminationGracePeriodSeconds (30).")
 @click.option("--batch-size", type=click.IntRange(0), default=0, show_default=True,
               help="Pods per batch; 0 = adaptive.")
 @click.option("--max-batch-size", type=click.IntRange(1), default=1000, show_default=True, help=MAX_BATCH_SIZE_HELP)
@@ -299,6 +303,7 @@ def serve(**kw) -> None:
     options = RuntimeOptions(shards=kw["shards"], mode=kw["mode"], redis_url=kw["redis_url"],
                              ray_address=kw["ray_address"] or None, watch_timeout_s=kw["watch_timeout_s"],
                              shard_num_cpus=kw["shard_cpus"], autoscaler=autoscaler, freeze_gc=True,
+                             shutdown_grace_s=kw["shutdown_grace_s"],
                              shard_options=ShardOptions(batch_size=kw["batch_size"], max_batch_size=kw["max_batch_size"],
                                                         binding_cycles=BINDING_CYCLES),
                              prefix=f"ss:{lease_name}:{uuid.uuid4().hex[:8]}:")

@@ -500,13 +500,18 @@ class KubeCluster:
         Ctrl-C does not wait for a binding cycle's whole batch to be bound."""
         self._draining = True
 
-    def stop(self) -> None:
-        """Stop the informers and writers (after flushing what is queued, up to 5 s). Idempotent:
-        a second call returns at once (what the first could not write in 5 s is not retried)."""
+    def stop(self, flush_timeout_s: float = 5.0) -> None:
+        """Stop the informers and writers, after writing what they queue (the Events and
+        conditions already decided; binds are no longer in flight, so nothing holds them back) for
+        up to ``flush_timeout_s``; what is left then is dropped and logged with its count.
+        Idempotent: a second call returns at once (what the first could not write is not retried)."""
         if self._stopped:
             return
         self._stopped = True
-        self.flush(5.0)
+        if not self.flush(flush_timeout_s):
+            left = sum(len(q._items) for q in self._recorder.queues) if self._recorder else 0
+            log.warning("stopping: %d Events and the conditions still queued were not written within %g s",
+                        left, flush_timeout_s)
         for r in self._reflectors:
             r.stop()
         for writer in (self._recorder, self._status):

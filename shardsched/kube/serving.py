@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 RAY, THREADS = "ray", "threads"
 
 
+#: on `KubeRuntime.stop`, how long the binds already in flight may take (then closing the
+#: connection cancels the rest: their pods are requeued, their reservations expire)
+BINDS_GRACE_S = 5.0
+
+
 @dataclass
 class RuntimeOptions:
     """What `KubeRuntime` runs (``shardsched serve --help`` explains each).
@@ -52,6 +57,11 @@ class RuntimeOptions:
         freeze_gc: in THREADS mode, freeze the cluster out of this process's collector after each
             relist (`shardsched.gctune.freeze_loaded`; serve sets it, the process is its own). In
             RAY mode the coordinator's actor always does.
+        shutdown_grace_s: on `KubeRuntime.stop`, how long the Events and conditions already decided
+            may take to be written, after the binds in flight (at most `BINDS_GRACE_S`). Default
+            20 s: both fit in the 30 s a pod is given to stop (``terminationGracePeriodSeconds``'s
+            default) before its SIGKILL; at serve's default 50 requests/s that is room for 1,000
+            writes.
     """
 
     shards: int = 2
@@ -64,6 +74,7 @@ class RuntimeOptions:
     shard_num_cpus: float = 0.0
     autoscaler: AutoscalerOptions | None = None
     freeze_gc: bool = False
+    shutdown_grace_s: float = 20.0
 
 
 class _CoordinatorRef:
@@ -183,8 +194,8 @@ class KubeRuntime:
             def coordinator_metrics(self) -> list:
                 return self.coordinator.state.metrics.samples()
 
-            def stop_cluster(self) -> None:
-                self.coordinator.state.cluster.channel.target.stop()
+            def stop_cluster(self, flush_timeout_s: float = 5.0) -> None:
+                self.coordinator.state.cluster.channel.target.stop(flush_timeout_s)
 
         if not ray.is_initialized():
             # ray.init installs a SIGTERM handler that exits at once (status 15, no orderly stop);
@@ -304,8 +315,10 @@ class KubeRuntime:
         return total
 
     def stop(self) -> None:
-        """Stop the coordinator and shards (binds in flight finish), flush Events and conditions, stop
-        Redis if embedded. Safe to call more than once."""
+        """Stop the coordinator and shards (binds in flight finish, within `BINDS_GRACE_S`), write
+        the Events and conditions already queued (within ``options.shutdown_grace_s``; what is
+        left then is dropped and logged), stop Redis if embedded. Safe to call more than once."""
+        grace_s = self.options.shutdown_grace_s
         try:
             if self.options.mode == THREADS:
                 if self.coordinator is not None:
@@ -317,11 +330,11 @@ class KubeRuntime:
                 # binds in flight get 5 s in all; then closing the connection cancels the rest
                 # (their pods are requeued, reservations expire), so a stop never hangs on a slow
                 # or rate-limited API server
-                deadline = time.monotonic() + 5
+                deadline = time.monotonic() + BINDS_GRACE_S
                 for t in self._threads:
                     t.join(timeout=max(0.0, deadline - time.monotonic()))
                 if isinstance(self.cluster, KubeCluster):
-                    self.cluster.stop()
+                    self.cluster.stop(grace_s)
                 for t in self._threads:
                     t.join(timeout=2)
             elif self.coordinator is not None:
@@ -329,8 +342,9 @@ class KubeRuntime:
 
                 try:
                     handles = ray.get(self.coordinator.shards.remote(), timeout=5)
-                    ray.get(self.coordinator.stop.remote(), timeout=20)
-                    ray.get(self.coordinator.stop_cluster.remote(), timeout=10)
+                    # the shards write their Events while the coordinator's backend writes its own
+                    ray.get([self.coordinator.stop.remote(grace_s), self.coordinator.stop_cluster.remote(grace_s)],
+                            timeout=BINDS_GRACE_S + grace_s + 10)
                     for h in handles + [self.coordinator]:
                         ray.kill(h, no_restart=True)
                 except Exception:  # noqa: BLE001 - stopping: a dead actor is fine

@@ -85,15 +85,16 @@ class ShardHost(Shard):
     def pid(self) -> int:
         return os.getpid()
 
-    def stop(self) -> None:
+    def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Stop the loop; once its binding cycles are applied (up to 5 s), write what the shard's
-        own backend still queues (the Kubernetes backend's Scheduled Events, up to 5 s more), once."""
+        own backend still queues (the Kubernetes backend's Scheduled Events, up to
+        ``flush_timeout_s`` more), once."""
         super().stop()
         self.wait_idle(5.0)
         if self._own_backend is not None and not self._backend_stopped:
             self._backend_stopped = True
             try:
-                self._own_backend.stop()
+                self._own_backend.stop(flush_timeout_s)
             except Exception as e:  # noqa: BLE001 - stopping: best effort
                 log.warning("shard %s: stopping its backend: %s", self.member, e)
 
@@ -185,9 +186,9 @@ class CoordinatorHost:
         """Handles of the current shard actors."""
         return [s.client.channel.target for s in self.coordinator.state.shards]
 
-    def stop(self) -> None:
-        """Stop the coordinator, then every shard at once (each applies its binding cycles and
-        writes its queued Events: up to ~10 s, `ShardHost.stop`)."""
+    def stop(self, flush_timeout_s: float = 5.0) -> None:
+        """Stop the coordinator, then every shard at once (each applies its binding cycles, up to
+        5 s, and writes its queued Events, up to ``flush_timeout_s``: `ShardHost.stop`)."""
         self.coordinator.stop()
         for s in self.coordinator.state.shards:  # binds not yet sent are not sent (pods back in the queue)
             try:
@@ -197,12 +198,13 @@ class CoordinatorHost:
         refs = []
         for s in self.coordinator.state.shards:
             try:
-                refs.append(s.client.channel.target.stop.remote())
+                refs.append(s.client.channel.target.stop.remote(flush_timeout_s))
             except Exception:  # noqa: BLE001 - stopping: a dead shard is fine
                 pass
+        deadline = time.monotonic() + flush_timeout_s + 7
         for ref in refs:
             try:
-                ray.get(ref, timeout=12)
+                ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - stopping: a dead or slow shard is fine
                 pass
 
