@@ -4,6 +4,8 @@ intake's parse of them (a bad one is kept as invalid, not dropped)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from shardsched.api.podgroup import (FAILED, FINISHED, PENDING, RUNNING, SCHEDULING, PodGroup, group_key_of,
@@ -64,7 +66,7 @@ NOW = "2026-01-01T00:00:05Z"
 ], ids=["new", "too-few", "enough-pods", "one-running", "quorum-running", "lost-a-pod", "failed", "finished",
         "final"])
 def test_group_status_follows_the_controller(old: dict, phases: list, want: dict) -> None:
-    assert group_status(2, phases, old, NOW) == want
+    assert group_status(2, Counter(phases), old, NOW) == want
 
 
 def member(name: str, group: str = "g", cpu: str = "1") -> dict:

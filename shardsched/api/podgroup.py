@@ -8,7 +8,7 @@ The group is all or nothing: no member binds until ``spec.minMember`` members ca
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,9 +97,9 @@ class PodGroup:
         return {**self.min_resources, PODS: self.min_member} if self.min_resources else {}
 
 
-def group_status(min_member: int, phases: Iterable[str], old: Mapping[str, Any], now: str) -> dict:
+def group_status(min_member: int, phases: Mapping[str, int], old: Mapping[str, Any], now: str) -> dict:
     """The status the PodGroup controller writes (scheduler-plugins v0.34 ``Reconcile``), from the
-    phases of the group's pods (``status.phase`` of each pod with the group's label).
+    phases of the group's pods (``status.phase`` -> number of the group's pods in it).
 
     Phase: a new group is Pending; Pending turns Scheduling once the group has ``min_member`` pods;
     after that, with fewer pods it is Pending again, Scheduling while fewer than ``min_member``
@@ -112,17 +112,17 @@ def group_status(min_member: int, phases: Iterable[str], old: Mapping[str, Any],
     phase = old.get("phase") or ""
     if phase in (FINISHED, FAILED):
         return dict(old)
-    phases = list(phases)
+    pods = sum(phases.values())
     out = dict(old)
     if phase == "":
         out["phase"] = PENDING
     elif phase == PENDING:
-        if len(phases) >= min_member:
+        if pods >= min_member:
             out["phase"] = SCHEDULING
     else:
-        running, succeeded, failed = (sum(p == want for p in phases) for want in ("Running", "Succeeded", "Failed"))
+        running, succeeded, failed = (phases.get(want, 0) for want in ("Running", "Succeeded", "Failed"))
         out.update(running=running, succeeded=succeeded, failed=failed)
-        if len(phases) < min_member:
+        if pods < min_member:
             out["phase"] = PENDING
         else:
             out["phase"] = RUNNING if succeeded + running >= min_member else SCHEDULING

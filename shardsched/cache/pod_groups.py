@@ -22,7 +22,7 @@ class PodGroupCache:
     """Groups by ``namespace/name``, the invalid ones with why, and each group's member pods.
 
     A member is *bound* once its ``spec.nodeName`` is set (the watch's truth, or a bound pod of the
-    input) and *assigned* while a binding cycle holds it reserved (Permit until bind or Unreserve,
+    input; `bound` marks it) and *assigned* while a binding cycle holds it reserved (Permit until bind or Unreserve,
     as upstream's ``assignedPodsByPG``).
     """
 
@@ -33,6 +33,8 @@ class PodGroupCache:
         self._members: dict[str, dict[str, PodInfo]] = {}
         self._group_of: dict[str, str] = {}
         self._assigned: dict[str, set[str]] = {}
+        self._gated: dict[str, int] = {}  # group key -> members with scheduling gates
+        self._bound: dict[str, set[str]] = {}  # group key -> uids of its bound members
 
     # ------------------------------------------------------------------ writes
     def set_groups(self, groups: Mapping[str, PodGroup], invalid: Mapping[str, str]) -> None:
@@ -59,9 +61,29 @@ class PodGroupCache:
                 if key is not None:
                     self._drop(pod.uid, key)
                 return key
-            self._members.setdefault(key, {})[pod.uid] = pod
+            members = self._members.setdefault(key, {})
+            old_pod = members.get(pod.uid)
+            self._gated[key] = self._gated.get(key, 0) + bool(pod.scheduling_gates) - bool(
+                old_pod is not None and old_pod.scheduling_gates)
+            members[pod.uid] = pod
             self._group_of[pod.uid] = key
+            if pod.bound:
+                self._bound.setdefault(key, set()).add(pod.uid)
             return key
+
+    def bound(self, uid: str) -> bool:
+        """A recorded member is bound (the watch says so; its spec is not parsed again). Returns
+        False for a pod that is no member."""
+        with self._lock:
+            key = self._group_of.get(uid)
+            if key is None:
+                return False
+            self._bound.setdefault(key, set()).add(uid)
+            return True
+
+    def is_member(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._group_of
 
     def remove_pod(self, uid: str) -> None:
         """Forget a pod (deleted); safe for any uid."""
@@ -97,6 +119,16 @@ class PodGroupCache:
         with self._lock:
             return key, self.groups.get(key)
 
+    def counts(self, key: str) -> tuple[int, int]:
+        """(members, members with scheduling gates) of a group, O(1)."""
+        with self._lock:
+            return len(self._members.get(key, ())), self._gated.get(key, 0)
+
+    def bound_count(self, key: str) -> int:
+        """Members bound, O(1)."""
+        with self._lock:
+            return len(self._bound.get(key, ()))
+
     def members(self, key: str) -> list[PodInfo]:
         """The group's non-terminal pods, in no particular order."""
         with self._lock:
@@ -109,16 +141,23 @@ class PodGroupCache:
 
     # ------------------------------------------------------------------ helpers
     def _placed(self, key: str) -> int:
-        members = self._members.get(key, {})
-        assigned = self._assigned.get(key, set())
-        return sum(1 for uid, p in members.items() if p.bound or uid in assigned)
+        bound = self._bound.get(key, set())
+        return len(bound) + len(self._assigned.get(key, set()) - bound)
 
     def _drop(self, uid: str, key: str) -> None:
         members = self._members.get(key)
         if members is not None:
-            members.pop(uid, None)
+            old = members.pop(uid, None)
+            if old is not None and old.scheduling_gates:
+                self._gated[key] -= 1
             if not members:
                 del self._members[key]
+                self._gated.pop(key, None)
+        bound = self._bound.get(key)
+        if bound is not None:
+            bound.discard(uid)
+            if not bound:
+                del self._bound[key]
         self._group_of.pop(uid, None)
         assigned = self._assigned.get(key)
         if assigned is not None:

@@ -185,7 +185,7 @@ class _Gangs:
 
     def _decide(self, key: str, min_member: int, outcomes: list[tuple[PodInfo, PodOutcome]]) -> None:
         placed = [(p, o) for p, o in outcomes if o.status == SCHEDULED]
-        bound = sum(1 for m in self.groups.members(key) if m.bound)
+        bound = self.groups.bound_count(key)
         if bound + len(placed) >= min_member:
             return
         failed = next(((p, o) for p, o in outcomes if o.status != SCHEDULED), None)

@@ -62,7 +62,7 @@ import random
 import threading
 import time
 import uuid
-from collections import abc
+from collections import Counter, abc
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -238,10 +238,11 @@ class SimCluster:
         self._pdb_members: dict[str, dict[str, bool]] = {}
         self._budgets_in: dict[str, set[str]] = {}
         #: PodGroups by "namespace/name", their parsed spec, and per group the phases of its pods
-        #: (pod key -> status.phase): the pods whose group label names it
+        #: (pod key -> status.phase; and phase -> count): the pods whose group label names it
         self._pod_groups: dict[str, dict] = {}
         self._groups: dict[str, PodGroup] = {}
         self._group_members: dict[str, dict[str, str]] = {}
+        self._group_phases: dict[str, Counter] = {}
         #: Services, ReplicationControllers, ReplicaSets and StatefulSets by (kind, namespace, name):
         #: objects only (no controller runs them), for their selectors (`put_spread_selector`)
         self._spread_objects: dict[tuple[str, str, str], dict] = {}
@@ -727,7 +728,7 @@ class SimCluster:
             old = self._pod_groups.pop(key, None)
             if old is None:
                 raise NotFound(f'podgroups.scheduling.x-k8s.io "{name}" not found')
-            del self._groups[key], self._group_members[key]
+            del self._groups[key], self._group_members[key], self._group_phases[key]
             return self._commit(DELETED, PODGROUP, {**old, "metadata": {**old["metadata"]}})
 
     # ------------------------------------------------------------------ Services and workloads
@@ -809,7 +810,7 @@ class SimCluster:
                 self._delete_pod(key)
             for key in sorted(k for k in self._pod_groups if k.split("/", 1)[0] == name):
                 old = self._pod_groups.pop(key)
-                del self._groups[key], self._group_members[key]
+                del self._groups[key], self._group_members[key], self._group_phases[key]
                 self._commit(DELETED, PODGROUP, {**old, "metadata": {**old["metadata"]}})
             for key in sorted(self._budgets_in.pop(name, ())):
                 old = self._pdbs.pop(key)
@@ -1224,10 +1225,11 @@ class SimCluster:
         self._group_members[group.key] = {
             key: pod.get("status", {}).get("phase", "Pending") for key, pod in self._pods.items()
             if group_key_of(pod["metadata"]["namespace"], pod["metadata"].get("labels")) == group.key}
+        self._group_phases[group.key] = Counter(self._group_members[group.key].values())
 
     def _group_status(self, key: str, old: Mapping[str, Any]) -> dict:
         """The PodGroup controller's status for group ``key``, reconciled until it holds."""
-        phases, min_member, now = self._group_members[key].values(), self._groups[key].min_member, _now()
+        phases, min_member, now = self._group_phases[key], self._groups[key].min_member, _now()
         status = dict(old)
         for _ in range(4):  # "" -> Pending -> Scheduling -> counted: at most three steps
             new = group_status(min_member, phases, status, now)
@@ -1243,16 +1245,20 @@ class SimCluster:
         gkey = group_key_of(meta["namespace"], meta.get("labels"))
         if gkey not in self._groups:
             return
-        members = self._group_members[gkey]
+        members, counts = self._group_members[gkey], self._group_phases[gkey]
         pkey = f"{meta['namespace']}/{meta['name']}"
         phase = pod.get("status", {}).get("phase", "Pending")
+        old_phase = members.get(pkey)
         if type_ == DELETED:
             if members.pop(pkey, None) is None:
                 return
-        elif members.get(pkey) == phase:
+        elif old_phase == phase:
             return
         else:
             members[pkey] = phase
+            counts[phase] += 1
+        if old_phase is not None:
+            counts[old_phase] -= 1
         old = self._pod_groups[gkey]
         status = self._group_status(gkey, old.get("status") or {})
         if status != old.get("status"):

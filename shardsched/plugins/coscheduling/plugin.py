@@ -92,15 +92,15 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
         if group is None:
             why = self.groups.invalid.get(key)
             return self._reject(f"PodGroup {key} is invalid: {why}" if why else f"PodGroup {key} not found")
-        members = self.groups.members(key)
-        if len(members) < group.min_member:
+        count, gated = self.groups.counts(key)
+        if count < group.min_member:
             return self._reject(f"pre-filter pod {pod.name} cannot find enough sibling pods, current pods number: "
-                                f"{len(members)}, minMember of group: {group.min_member}")
-        if len(members) - sum(1 for m in members if m.scheduling_gates) < group.min_member:
+                                f"{count}, minMember of group: {group.min_member}")
+        if count - gated < group.min_member:
             return self._reject(f"pre-filter pod {pod.name} cannot proceed due to gated pods in the same PodGroup")
         want = group.min_resources_with_pods()
         if want:
-            gap = self._resource_gap(want, members, table)
+            gap = self._resource_gap(want, self.groups.members(key), table)
             if gap:
                 return self._reject(f"PodGroup {key} resource gap: " +
                                     ", ".join(f"{r} {format_quantity(r, v)}" for r, v in sorted(gap.items())))

@@ -85,6 +85,9 @@ class Gangs:
         self._invalid: dict[str, str] = {}
         self._served = True
         self._last_renew = 0.0
+        #: the intake's last poll reached the end of the watch (set by `Intake.poll`): a gang is
+        #: decided only then, so that a burst's members and its group arrive before the decision
+        self.caught_up = True
 
     # ------------------------------------------------------------------ intake
     def is_member(self, pod: PodInfo) -> bool:
@@ -148,13 +151,15 @@ class Gangs:
                 continue
             uid = meta.get("uid") or ""
             bound = bool((obj.get("spec") or {}).get("nodeName"))
-            if typ == DELETED:
+            if typ == DELETED or phase in ("Succeeded", "Failed"):
                 self.groups.remove_pod(uid)
-            else:
+            elif not self.groups.is_member(uid):
                 try:
                     self.groups.add_pod(PodInfo.from_object(obj))
                 except InvalidObjectError:
                     continue
+            elif bound:
+                self.groups.bound(uid)
             if typ == DELETED or bound or phase in ("Succeeded", "Failed"):
                 self.held.get(key, {}).pop(uid, None)
                 node = self.in_flight.get(key, {}).pop(uid, None)
@@ -189,10 +194,11 @@ class Gangs:
 
     # ------------------------------------------------------------------ decisions
     def step(self) -> bool:
-        """Decide every group that is due; renew the holds every health period. Returns whether
-        any group was decided."""
+        """Decide every group that is due, once the intake has caught up with the watch; renew the
+        holds every health period. Returns whether any group was decided."""
         now = time.monotonic()
-        due = [key for key, at in self._due.items() if at <= now and self.held.get(key) and self._may_help(key, now)]
+        due = [key for key, at in self._due.items() if at <= now and self.held.get(key) and self._may_help(key, now)
+               ] if self.caught_up else []
         for key in due:
             try:
                 self._decide(key)
@@ -238,7 +244,7 @@ class Gangs:
                 d = result.status.diagnosis
                 first_failure = (t.pod, d.message() if d is not None else result.status.message,
                                  result.status.plugin)
-        bound = sum(1 for m in self.groups.members(key) if m.bound)
+        bound = self.groups.bound_count(key)
         have = bound + len(self.in_flight.get(key, ())) + len(placed)
         if group is None or have < group.min_member:
             self._undo(placed)

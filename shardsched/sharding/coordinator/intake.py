@@ -166,6 +166,7 @@ class Intake:
             self._apply_nodes(node_events)
         new = self._apply_pods(pod_events) if pod_events else []
         if self.gangs is not None:
+            self.gangs.caught_up = len(events) < WATCH_BATCH
             group_events = [(e.type, e.object) for e in events if e.kind == PODGROUP]
             if group_events:
                 self.gangs.apply_group_events(group_events)
