@@ -181,3 +181,16 @@ def test_cli_perf_list_is_json():
     assert result.exit_code == 0, result.output
     entries = json.loads(result.output)
     assert {e["status"] for e in entries} == {"run", "partial", "skipped"}
+
+
+def test_bench_gangs_holds_and_binds_every_gang():
+    result = CliRunner().invoke(cli, ["bench", "gangs", "--nodes", "20", "--workloads", "2x6,5x2", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["results"]
+    assert [(r["gangs"], r["size"], r["held"]) for r in rows] == [(2, 6, 2), (5, 2, 5)]
+    assert all(0 < r["decide_hold_s"] <= r["to_bound_s"] for r in rows)
+
+
+def test_bench_gangs_refuses_a_bad_workload():
+    result = CliRunner().invoke(cli, ["bench", "gangs", "--workloads", "3x"])
+    assert result.exit_code == 1 and "--workloads: expected GANGSxPODS" in result.output

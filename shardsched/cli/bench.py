@@ -20,6 +20,7 @@ def bench() -> None:
     field      the field report's table: kube-like baseline, single, batch-10, batch-auto, shards-N
     perf       kube-scheduler's scheduler_perf workloads, with their throughput thresholds
     scaling    throughput and P99 vs nodes and shards, pods/s vs batch size
+    gangs      the coordinator deciding and holding gangs (PodGroups), one process
 
     \b
     field, perf and scaling run the embedded main job (local Ray, private Redis, simulated
@@ -319,3 +320,27 @@ def scaling(**kw) -> None:
     except (ConfigError, ValueError) as e:
         _fail(e)
     _emit(kw, mod.to_json(points, params, host), mod.markdown(points), lambda: mod.plot(points, kw["plot_dir"]))
+
+
+@bench.command()
+@click.option("--nodes", type=click.IntRange(1), default=5000, show_default=True, help="Nodes (8 CPU / 16Gi).")
+@click.option("--shards", type=click.IntRange(1, 64), default=2, show_default=True, help="Shards (plain objects).")
+@click.option("--workloads", default="1x5000,1000x3", show_default=True,
+              help="Comma-separated GANGSxPODS: that many gangs of that many 100m pods each, minMember = PODS.")
+@click.option("-o", "--output", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+def gangs(nodes: int, shards: int, workloads: str, output: str) -> None:
+    """Gangs: the coordinator's decision of whole gangs and their one ledger call each, then their
+    members bound by the shards; coordinator and shards in this process, stepped in turn."""
+    from shardsched.bench import gangs as mod
+
+    try:
+        shapes = [tuple(int(x) for x in w.strip().split("x")) for w in workloads.split(",") if w.strip()]
+        if any(len(s) != 2 or min(s) < 1 for s in shapes):
+            raise ValueError
+    except ValueError:
+        _fail(ValueError(f"--workloads: expected GANGSxPODS[,GANGSxPODS...] of positive integers, got {workloads!r}"))
+    results = [mod.run_one(g, s, nodes, shards) for g, s in shapes]
+    if output == "json":
+        click.echo(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
+        return
+    click.echo(mod.markdown(results))
