@@ -63,22 +63,29 @@ def score(prof) -> list[tuple[str, int]]:
     return [(r.name, r.weight) for r in prof.enabled("score")]
 
 
+#: kube's volume plugins, between NodeResourcesFit and PodTopologySpread in its default order
+VOLUME_FILTERS = ["VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone"]
 DEFAULT_NAMES = {
     "preEnqueue": ["SchedulingGates"],
     "queueSort": ["PrioritySort"],
-    "preFilter": ["NodeAffinity", "NodePorts", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity"],
+    "preFilter": ["NodeAffinity", "NodePorts", "NodeResourcesFit", *VOLUME_FILTERS, "PodTopologySpread",
+                  "InterPodAffinity"],
     "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity", "NodePorts", "NodeResourcesFit",
-               "PodTopologySpread", "InterPodAffinity"],
-    "preScore": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
-                 "NodeResourcesBalancedAllocation"],
-    "score": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
-              "NodeResourcesBalancedAllocation"],
+               *VOLUME_FILTERS, "PodTopologySpread", "InterPodAffinity"],
     "postFilter": ["DefaultPreemption"],
+    "preScore": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "VolumeBinding", "PodTopologySpread",
+                 "InterPodAffinity", "NodeResourcesBalancedAllocation"],
+    "score": ["TaintToleration", "NodeAffinity", "NodeResourcesFit", "VolumeBinding", "PodTopologySpread",
+              "InterPodAffinity", "NodeResourcesBalancedAllocation"],
+    "reserve": ["VolumeBinding"],
+    "preBind": ["VolumeBinding"],
     "bind": ["DefaultBinder"],
 }
-DEFAULT_SCORE = [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("PodTopologySpread", 2),
-                 ("InterPodAffinity", 2), ("NodeResourcesBalancedAllocation", 1)]
-PTS_IPA = [("PodTopologySpread", 2), ("InterPodAffinity", 2)]
+# VolumeBinding is at score as in kube's resolved profile (weight 1); like upstream without the
+# VolumeCapacityPriority gate it gives every node the same score (it is no Score plugin here)
+DEFAULT_SCORE = [("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1), ("VolumeBinding", 1),
+                 ("PodTopologySpread", 2), ("InterPodAffinity", 2), ("NodeResourcesBalancedAllocation", 1)]
+VB_PTS_IPA = [("VolumeBinding", 1), ("PodTopologySpread", 2), ("InterPodAffinity", 2)]
 
 # The field report's file (section 5.4), indentation restored, comments and trailing "---" kept.
 REPORT_FILE = """\
@@ -130,7 +137,8 @@ def test_no_configuration_gives_kube_defaults(source):
     assert names(prof) == DEFAULT_NAMES
     assert score(prof) == DEFAULT_SCORE
     assert sorted(prof.plugin_args) == ["DefaultPreemption", "InterPodAffinity", "NodeAffinity",
-                                        "NodeResourcesBalancedAllocation", "NodeResourcesFit", "PodTopologySpread"]
+                                        "NodeResourcesBalancedAllocation", "NodeResourcesFit", "PodTopologySpread",
+                                        "VolumeBinding"]
     preemption = prof.plugin_args["DefaultPreemption"]
     assert (preemption.min_candidate_nodes_percentage, preemption.min_candidate_nodes_absolute) == (10, 100)
     fit = prof.plugin_args["NodeResourcesFit"]
@@ -278,20 +286,20 @@ MERGE_CASES = [
      {"filter": ["NodeName"], "preFilter": DEFAULT_NAMES["preFilter"]}, DEFAULT_SCORE),
     ("disable-one-at-one-point",
      {"filter": plugin_set(disabled=["TaintToleration"])},
-     {"filter": ["NodeUnschedulable", "NodeName", "NodeAffinity", "NodePorts", "NodeResourcesFit", "PodTopologySpread",
-                 "InterPodAffinity"],
+     {"filter": ["NodeUnschedulable", "NodeName", "NodeAffinity", "NodePorts", "NodeResourcesFit", *VOLUME_FILTERS,
+                 "PodTopologySpread", "InterPodAffinity"],
       "preScore": DEFAULT_NAMES["preScore"]}, DEFAULT_SCORE),
     ("reenable-with-weight-moves-first",
      {"score": plugin_set([("NodeResourcesBalancedAllocation", 5)])},
      {}, [("NodeResourcesBalancedAllocation", 5), ("TaintToleration", 3), ("NodeAffinity", 2), ("NodeResourcesFit", 1),
-          *PTS_IPA]),
+          *VB_PTS_IPA]),
     ("reenable-without-weight-is-weight-1",
      {"score": plugin_set(["TaintToleration"])},
-     {}, [("TaintToleration", 1), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *PTS_IPA,
+     {}, [("TaintToleration", 1), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *VB_PTS_IPA,
           ("NodeResourcesBalancedAllocation", 1)]),
     ("disable-and-enable-same-plugin-goes-last",
      {"score": plugin_set([("NodeResourcesFit", 4)], ["NodeResourcesFit"])},
-     {}, [("TaintToleration", 3), ("NodeAffinity", 2), *PTS_IPA, ("NodeResourcesBalancedAllocation", 1),
+     {}, [("TaintToleration", 3), ("NodeAffinity", 2), *VB_PTS_IPA, ("NodeResourcesBalancedAllocation", 1),
           ("NodeResourcesFit", 4)]),
     ("score-star-with-weight",
      {"score": plugin_set([("NodeResourcesFit", 2)], ["*"])},
@@ -299,16 +307,16 @@ MERGE_CASES = [
     ("multipoint-weight-replaces-in-place",
      {"multiPoint": plugin_set([("TaintToleration", 10)])},
      {"filter": DEFAULT_NAMES["filter"]},
-     [("TaintToleration", 10), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *PTS_IPA,
+     [("TaintToleration", 10), ("NodeAffinity", 2), ("NodeResourcesFit", 1), *VB_PTS_IPA,
       ("NodeResourcesBalancedAllocation", 1)]),
     ("multipoint-disable-removes-everywhere",
      {"multiPoint": plugin_set(disabled=["NodeAffinity"])},
-     {"preFilter": ["NodePorts", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity"],
+     {"preFilter": ["NodePorts", "NodeResourcesFit", *VOLUME_FILTERS, "PodTopologySpread", "InterPodAffinity"],
       "filter": ["NodeUnschedulable", "NodeName", "TaintToleration", "NodePorts", "NodeResourcesFit",
-                 "PodTopologySpread", "InterPodAffinity"],
-      "preScore": ["TaintToleration", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+                 *VOLUME_FILTERS, "PodTopologySpread", "InterPodAffinity"],
+      "preScore": ["TaintToleration", "NodeResourcesFit", "VolumeBinding", "PodTopologySpread", "InterPodAffinity",
                    "NodeResourcesBalancedAllocation"]},
-     [("TaintToleration", 3), ("NodeResourcesFit", 1), *PTS_IPA, ("NodeResourcesBalancedAllocation", 1)]),
+     [("TaintToleration", 3), ("NodeResourcesFit", 1), *VB_PTS_IPA, ("NodeResourcesBalancedAllocation", 1)]),
     ("multipoint-star-and-own-list",
      {"multiPoint": plugin_set(["PrioritySort", ("NodeResourcesFit", 2), "DefaultBinder"], ["*"])},
      {"queueSort": ["PrioritySort"], "preFilter": ["NodeResourcesFit"], "filter": ["NodeResourcesFit"],
@@ -316,21 +324,21 @@ MERGE_CASES = [
      [("NodeResourcesFit", 2)]),
     ("score-weight-beats-multipoint-weight",
      {"multiPoint": plugin_set([("NodeResourcesFit", 7)]), "score": plugin_set([("NodeResourcesFit", 9)])},
-     {}, [("NodeResourcesFit", 9), ("TaintToleration", 3), ("NodeAffinity", 2), *PTS_IPA,
+     {}, [("NodeResourcesFit", 9), ("TaintToleration", 3), ("NodeAffinity", 2), *VB_PTS_IPA,
           ("NodeResourcesBalancedAllocation", 1)]),
     ("prescore-disable-keeps-score",
      {"preScore": plugin_set(disabled=["TaintToleration"])},
-     {"preScore": ["NodeAffinity", "NodeResourcesFit", "PodTopologySpread", "InterPodAffinity",
+     {"preScore": ["NodeAffinity", "NodeResourcesFit", "VolumeBinding", "PodTopologySpread", "InterPodAffinity",
                    "NodeResourcesBalancedAllocation"]}, DEFAULT_SCORE),
     ("disabling-unimplemented-kube-plugins-is-harmless",
-     {"multiPoint": plugin_set(disabled=["ImageLocality", "VolumeBinding", "DynamicResources"])},
+     {"multiPoint": plugin_set(disabled=["ImageLocality", "EBSLimits", "DynamicResources"])},
      DEFAULT_NAMES, DEFAULT_SCORE),
     ("disabling-preemption", {"postFilter": plugin_set(disabled=["DefaultPreemption"])},
      {**DEFAULT_NAMES, "postFilter": []}, DEFAULT_SCORE),
     ("explicit-point-order-after-multipoint",
      {"filter": plugin_set(["NodePorts", "NodeName"], ["NodeName"])},
      {"filter": ["NodePorts", "NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit",
-                 "PodTopologySpread", "InterPodAffinity", "NodeName"]},
+                 *VOLUME_FILTERS, "PodTopologySpread", "InterPodAffinity", "NodeName"]},
      DEFAULT_SCORE),
 ]
 
@@ -345,18 +353,12 @@ def test_merge_rules(plugins, expected, expected_score):
     assert score(prof) == expected_score
 
 
-ALL_GUARDED = ("VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "DynamicResources")
-BUT_VB = ("VolumeRestrictions", "NodeVolumeLimits", "DynamicResources")
 GUARDED_CASES = [
-    ("kube-defaults", {}, ALL_GUARDED),
-    ("multipoint-disables-it", {"multiPoint": plugin_set(disabled=["VolumeBinding"])}, BUT_VB),
-    ("multipoint-disables-dra", {"multiPoint": plugin_set(disabled=["DynamicResources"])},
-     ("VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding")),
-    ("filter-disables-others", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])}, ALL_GUARDED),
-    ("filter-disables-it", {"filter": plugin_set(disabled=["VolumeBinding"])}, BUT_VB),
-    ("filter-disables-the-volume-plugins", {"filter": plugin_set(
-        disabled=["VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding"])}, ("DynamicResources",)),
-    ("score-disable-keeps-the-filter", {"score": plugin_set(disabled=["VolumeBinding"])}, ALL_GUARDED),
+    ("kube-defaults", {}, ("DynamicResources",)),
+    ("multipoint-disables-dra", {"multiPoint": plugin_set(disabled=["DynamicResources"])}, ()),
+    ("filter-disables-others", {"filter": plugin_set(disabled=["PodTopologySpread", "ImageLocality"])},
+     ("DynamicResources",)),
+    ("filter-disables-it", {"filter": plugin_set(disabled=["DynamicResources"])}, ()),
     ("filter-star", {"filter": plugin_set(["NodeResourcesFit"], ["*"])}, ()),
     ("multipoint-star", {"multiPoint": plugin_set(["PrioritySort", "NodeResourcesFit", "DefaultBinder"], ["*"])}, ()),
 ]
@@ -488,8 +490,8 @@ ERROR_CASES = [
      f"{P0}.plugins.filter.enabled[0].name", "did you mean NodeResourcesFit?"),
     ("unimplemented-plugin-enabled", doc(profile(plugins={"score": plugin_set([("ImageLocality", 1)])})),
      f"{P0}.plugins.score.enabled[0].name", "shardsched does not implement kube-scheduler's ImageLocality plugin"),
-    ("unimplemented-plugin-multipoint", doc(profile(plugins={"multiPoint": plugin_set(["VolumeBinding"])})),
-     f"{P0}.plugins.multiPoint.enabled[0].name", "does not implement kube-scheduler's VolumeBinding"),
+    ("unimplemented-plugin-multipoint", doc(profile(plugins={"multiPoint": plugin_set(["GCEPDLimits"])})),
+     f"{P0}.plugins.multiPoint.enabled[0].name", "does not implement kube-scheduler's GCEPDLimits"),
     ("unknown-plugin-disabled", doc(profile(plugins={"filter": plugin_set(disabled=["Foo"])})),
      f"{P0}.plugins.filter.disabled[0].name", f"unknown plugin 'Foo'; {SUPPORTED_LIST}"),
     ("star-enabled", doc(profile(plugins={"filter": plugin_set(["*"])})),
@@ -506,8 +508,8 @@ ERROR_CASES = [
      f"{P0}.plugins.bind", "at least one bind plugin is required"),
     ("plugin-config-unknown-plugin", with_args("FastScore", {}),
      f"{PC}[0].name", f"unknown plugin 'FastScore'; {SUPPORTED_LIST}"),
-    ("plugin-config-unimplemented", with_args("VolumeBinding", {}),
-     f"{PC}[0].name", "does not implement kube-scheduler's VolumeBinding"),
+    ("plugin-config-unimplemented", with_args("AzureDiskLimits", {}),
+     f"{PC}[0].name", "does not implement kube-scheduler's AzureDiskLimits"),
     ("preemption-args-both-zero", with_args("DefaultPreemption", {"minCandidateNodesPercentage": 0,
                                                                   "minCandidateNodesAbsolute": 0}),
      f"{ARGS}.minCandidateNodesPercentage", "cannot be zero at the same time as minCandidateNodesAbsolute"),

@@ -186,9 +186,9 @@ def test_a_burst_s_summary_says_what_each_figure_measures_and_the_plot_agrees(re
 
 
 def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods_bind(redis_server):
-    """A PersistentVolumeClaim volume (VolumeBinding: not implemented, enabled in kube's default
-    profile) and a resource claim (DynamicResources, likewise): each pod is refused, not placed in
-    breach; it is kept by the coordinator, counted unschedulable with a message naming the plugin,
+    """A PersistentVolumeClaim volume (VolumeBinding: not checked by the shards yet, which keep no
+    storage objects) and a resource claim (DynamicResources: not implemented, enabled in kube's
+    default profile): each pod is refused, not placed in breach; it is kept by the coordinator, counted unschedulable with a message naming the plugin,
     and gets the PodScheduled=False condition and FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards (the two
     replicas bind on two nodes); DoNotSchedule spread over hostnames, which no shard can check
     alone, binds on the nodes the coordinator nominates: one pod per node, on nodes of both shards."""
@@ -219,7 +219,7 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
 
     not_helpful = " preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling.."
     message = ("0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
-               "does not implement (plugin VolumeBinding)." + not_helpful)
+               "does not check in this runtime yet (plugin VolumeBinding)." + not_helpful)
     dra_message = ("0/4 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), which "
                    "shardsched does not implement (plugin DynamicResources)." + not_helpful)
     dra_key = f"default/{dra['metadata']['name']}"

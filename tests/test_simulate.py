@@ -331,7 +331,8 @@ def test_empty_config_file_is_an_error_naming_it(tmp_path, content):
     assert f"error: {config}: no KubeSchedulerConfiguration document" in run.stderr
 
 
-# Constraints of a plugin shardsched does not implement (VolumeBinding), scheduling gates, and pod
+# Claims that do not exist (the volume plugins), a constraint of a plugin shardsched does not
+# implement (DynamicResources), scheduling gates, and pod
 # (anti-)affinity and spread constraints: one run with kube's default profile, one with a profile
 # that disables those plugins. (pod name, spec, outcome with the default profile; with the
 # disabling profile every pod is placed.) Every pod is labelled app=w: hard-spread and w1 take the
@@ -345,18 +346,14 @@ ANTI = ("0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules
 NOT_HELPFUL = " preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.."
 CONSTRAINED = [
     ("pvc", "volumes: [{name: data, persistentVolumeClaim: {claimName: data}}, {name: tmp, emptyDir: {}}]",
-     ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (data), which "
-                       "shardsched does not implement (plugin VolumeBinding)." + NOT_HELPFUL)),
+     ("Unschedulable", '0/2 nodes are available: persistentvolumeclaim "data" not found.' + NOT_HELPFUL)),
     ("ephemeral", "volumes: [{name: scratch, ephemeral: {volumeClaimTemplate: {spec: {accessModes: [ReadWriteOnce], "
                   "resources: {requests: {storage: 1Gi}}}}}}]",
-     ("Unschedulable", "0/2 nodes are available: pod has volumes that need volume binding (scratch), which "
-                       "shardsched does not implement (plugin VolumeBinding)." + NOT_HELPFUL)),
+     ("Unschedulable", '0/2 nodes are available: persistentvolumeclaim "ephemeral-scratch" not found.'
+      + NOT_HELPFUL)),
     ("dra", "resourceClaims: [{name: gpu, resourceClaimTemplateName: gpu-template}]",
      ("Unschedulable", "0/2 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), "
                        "which shardsched does not implement (plugin DynamicResources)." + NOT_HELPFUL)),
-    ("disk", "volumes: [{name: disk, gcePersistentDisk: {pdName: disk-1}}]",
-     ("Unschedulable", "0/2 nodes are available: pod has volumes that need conflict checks (disk: "
-                       "gcePersistentDisk), which shardsched does not implement (plugin VolumeRestrictions)." + NOT_HELPFUL)),
     ("gated", "schedulingGates: [{name: example.com/quota}, {name: example.com/ready}]",
      ("Gated", "waiting for scheduling gates: [example.com/quota example.com/ready]")),
     ("hard-spread", "topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, "
@@ -379,7 +376,8 @@ kind: KubeSchedulerConfiguration
 profiles:
 - plugins:
     multiPoint:
-      disabled: [{name: InterPodAffinity}, {name: VolumeBinding}, {name: DynamicResources}, {name: VolumeRestrictions}]
+      disabled: [{name: InterPodAffinity}, {name: VolumeBinding}, {name: DynamicResources}, {name: VolumeRestrictions},
+                 {name: VolumeZone}, {name: NodeVolumeLimits}]
     filter:
       disabled: [{name: PodTopologySpread}]
     preEnqueue:

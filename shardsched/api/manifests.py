@@ -32,16 +32,21 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.podgroup import API_VERSION as POD_GROUP_API_VERSION, PodGroup
 from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, WorkloadSelector, workload_selector_of
+from shardsched.api.volumes import API_VERSIONS as VOLUME_API_VERSIONS
+from shardsched.api.volumes import KINDS as VOLUME_KINDS
+from shardsched.api.volumes import NAMESPACED, PV, PVC, VolumeCatalog, parse_volume_object
 from shardsched.api.validation import (generate_name, generate_name_problem, labels_problems, name_problem,
                                        pod_problems)
 from shardsched.errors import InvalidObjectError
 
 #: Kubernetes version whose OpenAPI schema objects are checked against.
 SCHEMA_VERSION = "1.35"
-SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget", "PodGroup") + SPREAD_SELECTOR_KINDS
+SUPPORTED_KINDS = ("Node", "Pod", "PriorityClass", "Namespace", "PodDisruptionBudget", "PodGroup") \
+    + SPREAD_SELECTOR_KINDS + VOLUME_KINDS
 _DEFAULT_API_VERSION = {"Node": "v1", "Pod": "v1", "PriorityClass": "scheduling.k8s.io/v1", "Namespace": "v1",
                         "PodDisruptionBudget": "policy/v1", "PodGroup": POD_GROUP_API_VERSION, "Service": "v1",
-                        "ReplicationController": "v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1"}
+                        "ReplicationController": "v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1",
+                        **VOLUME_API_VERSIONS}
 #: Names the API server tries for one generateName before it gives up (RetryGenerateName).
 _GENERATE_NAME_ATTEMPTS = 8
 
@@ -78,6 +83,8 @@ class Manifests:
             dicts) with their location: their selectors are PodTopologySpread's default selectors.
         pod_groups: PodGroup objects (``scheduling.x-k8s.io/v1alpha1``, raw dicts) with their
             location; `parse_pod_groups` checks them.
+        volumes: valid storage objects (`shardsched.api.volumes.KINDS`: PersistentVolumes, claims,
+            StorageClasses, CSINodes, CSIStorageCapacities; raw dicts) with their location, in input order.
         namespace_labels: Namespace name -> its labels, with ``kubernetes.io/metadata.name`` set as
             the API server sets it (read by pod affinity's ``namespaceSelector``).
         errors: invalid documents (they are not in nodes/pods); `in_input_order` sorts them.
@@ -93,6 +100,7 @@ class Manifests:
     pdbs: list[tuple[str, dict]] = field(default_factory=list)
     spread_selectors: list[tuple[str, dict]] = field(default_factory=list)
     pod_groups: list[tuple[str, dict]] = field(default_factory=list)
+    volumes: list[tuple[str, dict]] = field(default_factory=list)
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -280,9 +288,10 @@ def _problems(kind: str, obj: dict) -> list[tuple[str, str]]:
 
 
 def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
-    """Read Node, Pod, PriorityClass, Namespace and PodDisruptionBudget objects, and the Services,
+    """Read Node, Pod, PriorityClass, Namespace and PodDisruptionBudget objects, the Services,
     ReplicationControllers, ReplicaSets and StatefulSets whose selectors default spreading reads,
-    from files (other kinds are ignored with a warning).
+    and storage objects (`shardsched.api.volumes.KINDS`) from files (other kinds are ignored with a
+    warning).
 
     Args:
         paths: manifest files, read in this order.
@@ -301,7 +310,7 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
     seen: dict[str, dict[str, str]] = {kind: {} for kind in SUPPORTED_KINDS}
     namespaced = lambda meta: f"{meta.get('namespace') or 'default'}/{meta['name']}"  # noqa: E731
     keys = {"Pod": namespaced, "PodDisruptionBudget": namespaced, "PodGroup": namespaced,
-            **{k: namespaced for k in SPREAD_SELECTOR_KINDS}}
+            **{k: namespaced for k in (*SPREAD_SELECTOR_KINDS, *NAMESPACED)}}
     for raw_path in paths:
         path = Path(raw_path)
         out.seq.setdefault(str(path), len(out.seq))
@@ -385,6 +394,8 @@ def read_manifests(paths: list[str | Path], seed: int | None = 0) -> Manifests:
                 out.spread_selectors.append((where, obj))
             elif kind == "PodGroup":
                 out.pod_groups.append((where, obj))
+            elif kind in VOLUME_KINDS:
+                out.volumes.append((where, obj))
             else:
                 out.pods.append((where, obj))
     return out
@@ -425,6 +436,32 @@ def parse_pod_groups(m: Manifests) -> list[PodGroup]:
     CRD refuses, a malformed quantity) is appended to ``m.errors``."""
     return _parse(m, [(w, {**o, "metadata": {"namespace": "default", **o["metadata"]}}) for w, o in m.pod_groups],
                   "PodGroup", PodGroup.from_object)
+
+
+def parse_volumes(m: Manifests) -> VolumeCatalog:
+    """The `VolumeCatalog` of the valid storage objects; an invalid one is appended to ``m.errors``
+    (an invalid PersistentVolume is also kept in ``invalid_pvs``: a claim bound to it fits no node).
+    Claims without ``storageClassName`` get the default StorageClass, as the DefaultStorageClass
+    admission gives it on create."""
+    catalog = VolumeCatalog()
+    claims = []
+    for where, obj in m.volumes:
+        kind = obj["kind"]
+        try:
+            view = parse_volume_object(kind, obj)
+        except InvalidObjectError as e:
+            m.error(where, f"invalid {kind}: {e}")
+            if kind == PV:
+                catalog.put_invalid_pv(obj["metadata"]["name"], str(e))
+            continue
+        if kind == PVC:
+            claims.append(view)
+        else:
+            catalog.put(view)
+    default = catalog.default_class()
+    for claim in claims:
+        catalog.put(claim.with_default_class(default))
+    return catalog
 
 
 def parse_pods(m: Manifests) -> list[tuple[str, PodInfo]]:

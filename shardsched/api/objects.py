@@ -18,6 +18,7 @@ from typing import Any
 
 from shardsched.api.podaffinity import (PodAffinity, SpreadConstraint, parse_pod_affinity,
                                         parse_spread_constraints)
+from shardsched.api.podvolumes import NO_VOLUMES, PodVolumes, parse_pod_volumes
 from shardsched.api.quantity import PODS, parse_resource_list
 from shardsched.api.requests import nonzero_requests, pod_requests
 from shardsched.api.workloads import controller_of
@@ -401,6 +402,8 @@ class PodInfo:
         disk_volumes: (name, source) of its inline volumes that VolumeRestrictions or
             NodeVolumeLimits check (`DISK_VOLUME_SOURCES`).
         resource_claims: names of its ``spec.resourceClaims`` (Dynamic Resource Allocation).
+        volumes: what its ``spec.volumes`` asks of the volume plugins (`PodVolumes`: claim names,
+            in-tree disks, inline volumes counted against attach limits).
         preemption_policy: ``spec.preemptionPolicy`` (``PreemptLowerPriority`` or ``Never``), else
             its PriorityClass's, as the Priority admission plugin sets it.
         start_time_s: ``status.startTime`` as Unix seconds, None when unset (kube's GetPodStartTime
@@ -449,6 +452,7 @@ class PodInfo:
     preempted: bool = False
     nominated_node_name: str = ""
     controller: tuple[str, str] | None = None
+    volumes: PodVolumes = NO_VOLUMES
     signature: str = ""
     obj: dict = field(default_factory=dict, repr=False)
 
@@ -584,6 +588,7 @@ class PodInfo:
             grace_period_s=grace,
             preempted=preempted,
             controller=controller_of(meta),
+            volumes=parse_pod_volumes(spec.get("volumes"), meta["name"], str(meta.get("uid") or "")),
             obj=obj,
         )
         info.signature = info.compute_signature()
@@ -609,6 +614,7 @@ class PodInfo:
             self.scheduling_gates,
             self.claim_volumes,
             self.disk_volumes,
+            repr(self.volumes) if not self.volumes.empty else None,
             self.resource_claims,
             # InterPodAffinity and PodTopologySpread read the pod's own namespace, labels and terms
             self.namespace,

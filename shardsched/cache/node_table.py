@@ -20,6 +20,8 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from shardsched.api.objects import ContainerPort, NodeInfo, PodInfo, Taint
+from shardsched.api.podvolumes import NO_VOLUMES, PodVolumes
+from shardsched.api.volumes import VolumeCatalog
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, AffinityTerm, LabelSelector, PodAffinity
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.workloads import SpreadSelectors, WorkloadKey, WorkloadSelector
@@ -56,6 +58,8 @@ class PodUsage:
     #: indices of the devices it holds on its node (() before the table picks them)
     gpu: DeviceRequest | None = None
     devices: tuple[int, ...] = ()
+    #: what the volume plugins read of a pod on a node: its claims, in-tree disks, inline volumes
+    volumes: PodVolumes = NO_VOLUMES
 
     @classmethod
     def of(cls, pod: PodInfo, devices: tuple[int, ...] | None = None) -> "PodUsage":
@@ -70,7 +74,7 @@ class PodUsage:
                 if gpu is not None and isinstance(pod.obj, dict) else ()
         return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
                    pod.namespace, pod.labels, pod.deleting, pod.pod_affinity, pod.priority, pod.start_time_s,
-                   pod.preempted, gpu, tuple(devices))
+                   pod.preempted, gpu, tuple(devices), pod.volumes)
 
 
 #: kinds of the terms of counted pods in `NodeTable.term_slots`
@@ -145,6 +149,14 @@ class NodeTable:
         #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed, a
         #: namespace's labels change (`set_namespaces`) or a spread selector does (`set_spread_selectors`)
         self.affinity_generation = 0
+        #: the cluster's storage objects the volume plugins read (`VolumeCatalog`), None where the
+        #: owner keeps none (the volume plugins then hold the pods that need them)
+        self.volumes: VolumeCatalog | None = None
+        #: "namespace/claim" -> uids of the counted pods that use the claim (VolumeRestrictions'
+        #: ReadWriteOncePod check), and slot -> uids of its counted pods with volumes
+        self.claim_users: dict[str, set[str]] = {}
+        self.volume_pods: dict[int, set[str]] = {}
+        self._claims_generation = 0
         self.static_generation = 0
         self._all_have: dict[tuple[int, int], bool] = {}
         self.change_log: list[int] = []
@@ -373,8 +385,10 @@ class NodeTable:
         return u if devices == u.devices else dataclasses.replace(u, devices=tuple(devices))
 
     def _index(self, slot: int, u: PodUsage, delta: int) -> None:
-        """Add (delta 1) or remove (-1) a counted pod in the label and term indexes."""
+        """Add (delta 1) or remove (-1) a counted pod in the label, term and volume indexes."""
         ns = u.namespace
+        if not u.volumes.empty:
+            self._index_volumes(slot, u, delta)
         keys = [(ns, k, v) for k, v in u.labels.items()]
         for k in keys:
             counts = self._label_counts.get(k)
@@ -404,6 +418,26 @@ class NodeTable:
             if left <= 0:
                 del self.term_slots[term], self._term_pods[term]
         self.affinity_generation += 1
+
+    def _index_volumes(self, slot: int, u: PodUsage, delta: int) -> None:
+        on_slot = self.volume_pods.setdefault(slot, set())
+        (on_slot.add if delta > 0 else on_slot.discard)(u.uid)
+        if not on_slot:
+            del self.volume_pods[slot]
+        for claim in u.volumes.claims:
+            key = f"{u.namespace}/{claim}"
+            users = self.claim_users.setdefault(key, set())
+            (users.add if delta > 0 else users.discard)(u.uid)
+            if not users:
+                del self.claim_users[key]
+        if u.volumes.claims:
+            self._claims_generation += 1
+
+    @property
+    def volume_generation(self) -> int:
+        """Moves whenever the storage objects (`volumes`) or the counted pods' claims change: what
+        VolumeBinding, VolumeRestrictions' claim check and NodeVolumeLimits read beyond one node."""
+        return self._claims_generation + (self.volumes.generation if self.volumes is not None else 0)
 
     def add_pod(self, usage: PodUsage, node_name: str) -> bool:
         """Count a pod on a node (kube's AssumePod / AddPod). Idempotent by pod uid; a pod counted

@@ -373,6 +373,29 @@ class CoschedulingArgs(PluginArgs):
     permit_waiting_time_seconds: int = Field(60, ge=0)
 
 
+class VolumeBindingArgs(PluginArgs):
+    """Args of VolumeBinding (upstream ``VolumeBindingArgs``, validated as ``ValidateVolumeBindingArgs``).
+
+    Attributes:
+        bind_timeout_seconds: how long PreBind waits for the claims to be bound, seconds, >= 0;
+            default 600.
+        shape: the score function's points (utilization in [0, 100], increasing -> score in [0, 10]);
+            read by upstream's Score only behind the VolumeCapacityPriority feature gate (off by
+            default), so validated and kept, not scored with.
+    """
+
+    bind_timeout_seconds: int = Field(600, ge=0)
+    shape: list[UtilizationShapePoint] = Field(default_factory=list)
+
+    @field_validator("shape")
+    @classmethod
+    def _check_shape(cls, shape: list[UtilizationShapePoint]) -> list[UtilizationShapePoint]:
+        for i in range(1, len(shape)):
+            if shape[i - 1].utilization >= shape[i].utilization:
+                fail("values must be sorted in increasing order", i, "utilization")
+        return shape
+
+
 #: Plugins that have an args type; every other supported plugin takes `NoArgs`.
 ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "InterPodAffinity": InterPodAffinityArgs,
@@ -384,6 +407,7 @@ ARGS_TYPES: dict[str, type[PluginArgs]] = {
     "DefaultPreemption": DefaultPreemptionArgs,
     "GPUDevice": GPUDeviceArgs,
     "Coscheduling": CoschedulingArgs,
+    "VolumeBinding": VolumeBindingArgs,
 }
 
 

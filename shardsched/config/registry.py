@@ -37,6 +37,12 @@ PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
     "NodeAffinity": ("preFilter", "filter", "preScore", "score"),
     "NodePorts": ("preFilter", "filter"),
     "NodeResourcesFit": ("preFilter", "filter", "preScore", "score"),
+    "VolumeRestrictions": ("preFilter", "filter"),
+    "NodeVolumeLimits": ("preFilter", "filter"),
+    # upstream's type has preScore and score too; they score only behind a feature gate that is off
+    # by default (VolumeCapacityPriority), and shardsched's VolumeBinding does not score
+    "VolumeBinding": ("preFilter", "filter", "reserve", "preBind", "preScore", "score"),
+    "VolumeZone": ("preFilter", "filter"),
     "PodTopologySpread": ("preFilter", "filter", "preScore", "score"),
     "InterPodAffinity": ("preFilter", "filter", "preScore", "score"),
     "DefaultPreemption": ("postFilter",),
@@ -56,9 +62,7 @@ SUPPORTED_PLUGINS = tuple(PLUGIN_POINTS)
 #: kube-scheduler plugins shardsched does not implement: harmless in ``disabled`` lists (kube's
 #: defaults enable them, so real configs disable them), an error anywhere else.
 UNIMPLEMENTED_PLUGINS = frozenset({
-    "ImageLocality", "VolumeBinding", "VolumeRestrictions",
-    "VolumeZone", "NodeVolumeLimits", "EBSLimits", "GCEPDLimits", "AzureDiskLimits",
-    "DynamicResources",
+    "ImageLocality", "EBSLimits", "GCEPDLimits", "AzureDiskLimits", "DynamicResources",
 })
 
 #: Plugins of kube's default set (v1.28's, and DynamicResources of v1.34's) that shardsched does not
@@ -69,9 +73,6 @@ UNIMPLEMENTED_PLUGINS = frozenset({
 #: than placed in breach. A profile that disables it (by name or ``"*"``, at ``multiPoint`` or
 #: ``filter``) schedules such pods without the constraint, as kube-scheduler does then.
 GUARDED_PLUGIN_POINTS: dict[str, tuple[str, ...]] = {
-    "VolumeRestrictions": ("preFilter", "filter"),
-    "NodeVolumeLimits": ("filter",),
-    "VolumeBinding": ("preFilter", "filter", "reserve", "preBind", "preScore", "score"),
     # in kube's default set since v1.34 (Dynamic Resource Allocation on by default), appended last
     "DynamicResources": ("preEnqueue", "preFilter", "filter", "postFilter", "reserve", "preBind"),
 }
@@ -101,6 +102,10 @@ DEFAULT_MULTI_POINT: tuple[PluginRef, ...] = (
     PluginRef("NodeAffinity", 2),
     PluginRef("NodePorts"),
     PluginRef("NodeResourcesFit", 1),
+    PluginRef("VolumeRestrictions"),
+    PluginRef("NodeVolumeLimits"),
+    PluginRef("VolumeBinding"),
+    PluginRef("VolumeZone"),
     PluginRef("PodTopologySpread", 2),
     PluginRef("InterPodAffinity", 2),
     PluginRef("DefaultPreemption"),

@@ -288,6 +288,26 @@ class BindClient(Protocol):
         ...
 
 
+class VolumeClient(Protocol):
+    """The cluster as VolumeBinding's PreBind writes to it (upstream ``bindAPIUpdate`` and
+    ``checkBindings``): a PV's ``claimRef``, a claim's provisioning annotation, and whether a claim
+    is bound yet. Each call raises the typed `shardsched.cluster` errors (`NotFound`, `Conflict`, ...)."""
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        """Set the PV's ``spec.claimRef`` to the claim (the PV controller then binds the claim)."""
+        ...
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        """Annotate the claim with ``volume.kubernetes.io/selected-node: <node>`` (the provisioner
+        then provisions a volume reachable from the node)."""
+        ...
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """Whether the claim is bound now (``spec.volumeName`` set and the PV controller's binding
+        completed)."""
+        ...
+
+
 class WaitingPod:
     """A pod held at Permit (upstream ``framework.WaitingPod``): it binds when every plugin that
     answered Wait allows it, and is rejected by the first rejection or timeout.
@@ -350,11 +370,19 @@ class Handle:
         client: where binds go (`BindClient`), or None where nothing is bound (``simulate``).
         pod_groups: the PodGroups and their members (`PodGroupCache`, upstream's PodGroup and pod
             listers), kept current by whoever holds the cluster's view.
+        volume_client: where VolumeBinding's PreBind writes (`VolumeClient`), or None where
+            nothing is written (``simulate``: the assumed bindings stand for the writes).
+        table: the node view the scheduling cycles decide over (kube's snapshot lister), for the
+            binding-cycle points that read it (VolumeBinding's Reserve); set by whoever builds the
+            schedulers over it.
     """
 
-    def __init__(self, client: BindClient | None = None, pod_groups: PodGroupCache | None = None) -> None:
+    def __init__(self, client: BindClient | None = None, pod_groups: PodGroupCache | None = None,
+                 volume_client: VolumeClient | None = None) -> None:
         self.client = client
         self.pod_groups = pod_groups if pod_groups is not None else PodGroupCache()
+        self.volume_client = volume_client
+        self.table: NodeTable | None = None
         self._waiting: dict[str, WaitingPod] = {}
         self._lock = threading.Lock()
 

@@ -28,7 +28,11 @@ from shardsched.plugins.podtopologyspread import plugin as podtopologyspread
 from shardsched.plugins.queuesort import plugin as queuesort
 from shardsched.plugins.schedulinggates import plugin as schedulinggates
 from shardsched.plugins.tainttoleration import plugin as tainttoleration
+from shardsched.plugins.nodevolumelimits import plugin as nodevolumelimits
 from shardsched.plugins.unimplemented import plugin as unimplemented
+from shardsched.plugins.volumebinding import plugin as volumebinding
+from shardsched.plugins.volumerestrictions import plugin as volumerestrictions
+from shardsched.plugins.volumezone import plugin as volumezone
 
 Factory = Callable[[Any], Plugin]
 
@@ -41,6 +45,10 @@ REGISTRY: dict[str, Factory] = {
     nodeaffinity.NAME: nodeaffinity.new,
     nodeports.NAME: nodeports.new,
     fit.NAME: fit.new,
+    volumerestrictions.NAME: volumerestrictions.new,
+    nodevolumelimits.NAME: nodevolumelimits.new,
+    volumebinding.NAME: volumebinding.new,
+    volumezone.NAME: volumezone.new,
     podtopologyspread.NAME: podtopologyspread.new,
     interpodaffinity.NAME: interpodaffinity.new,
     defaultpreemption.NAME: defaultpreemption.new,
@@ -57,7 +65,7 @@ CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME, cosched
 
 #: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
 #: at Permit), as upstream factories take ``framework.Handle``
-WITH_HANDLE = frozenset({defaultbinder.NAME, coscheduling.NAME})
+WITH_HANDLE = frozenset({defaultbinder.NAME, coscheduling.NAME, volumebinding.NAME})
 
 #: the in-tree plugins, the stand-ins of the unimplemented ones (`shardsched.plugins.unimplemented`)
 IN_TREE = Registry(REGISTRY, CLUSTER_WIDE, WITH_HANDLE,
@@ -73,6 +81,10 @@ EXTENSION_POINTS: dict[str, tuple[str, ...]] = {
     nodeaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
     nodeports.NAME: ("preFilter", "filter"),
     fit.NAME: ("preFilter", "filter", "preScore", "score"),
+    volumerestrictions.NAME: ("preFilter", "filter"),
+    nodevolumelimits.NAME: ("preFilter", "filter"),
+    volumebinding.NAME: ("preFilter", "filter", "reserve", "preBind"),
+    volumezone.NAME: ("preFilter", "filter"),
     podtopologyspread.NAME: ("preFilter", "filter", "preScore", "score"),
     interpodaffinity.NAME: ("preFilter", "filter", "preScore", "score"),
     defaultpreemption.NAME: ("postFilter",),

@@ -99,6 +99,8 @@ class _Entry:
     affinity_generation: int = 0
     #: a topology plugin took part: the entry holds only while no node changed at all
     topology: bool = False
+    #: NodeTable.volume_generation when computed, for a pod with volumes (None: the pod has none)
+    volume_generation: int | None = None
 
 
 class GenericScheduler:
@@ -264,6 +266,7 @@ class GenericScheduler:
         entry = self.cache.get(pod.signature)
         if (entry is not None and entry.static_generation == table.static_generation and entry.n == table.n
                 and entry.affinity_generation == table.affinity_generation
+                and (entry.volume_generation is None or entry.volume_generation == table.volume_generation)
                 and not (entry.topology and entry.log_position != table.log_position())):
             if entry.rejected is None:
                 dirty = table.changed_since(entry.log_position)
@@ -339,7 +342,8 @@ class GenericScheduler:
                     dyn_score[where] += ws.weight * ws.plugin.score(state, pod, table, where)
         entry = _Entry(table.static_generation, table.log_position(), n, state, fstatic, fdyn, sdyn, sstatic,
                        static_ok, dyn_ok, dyn_score, static_varies=static_varies, rejected=rejected,
-                       affinity_generation=affinity_generation, topology=topology)
+                       affinity_generation=affinity_generation, topology=topology,
+                       volume_generation=None if pod.volumes.empty else table.volume_generation)
         entry.final = np.where(feasible, dyn_score, -1)
         self.duration_s[FILTER] += t1 - t0
         self.duration_s[SCORE] += time.perf_counter() - t1
@@ -494,6 +498,10 @@ def build_schedulers(config: SchedulerConfiguration, table: NodeTable, seed: int
     if registry is None:
         from shardsched.plugins.registry import IN_TREE
         registry = IN_TREE
+    if handle is None:
+        handle = Handle()
+    if handle.table is None:
+        handle.table = table
     out = {}
     for i, profile in enumerate(config.profiles):
         fw = Framework(profile, registry, config.percentage_of_nodes_to_score, partial_view, handle)

@@ -43,12 +43,13 @@ from typing import Callable
 import dataclasses
 
 from shardsched.api.manifests import (ManifestError, parse_nodes, parse_pdbs, parse_pod_groups, parse_pods,
-                                      parse_spread_selectors, read_manifests)
+                                      parse_spread_selectors, parse_volumes, read_manifests)
 from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import PODS, format_quantity
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.config import load_config
+from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import Handle, PostFilterResult
 from shardsched.plugins.coscheduling.plugin import NAME as COSCHEDULING
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult, build_schedulers
@@ -215,9 +216,9 @@ def _place(sched: GenericScheduler, pod: PodInfo, requests: dict[str, int], pree
     nominated = pod.nominated(pf.nominated_node)
     # upstream's next attempt tries the nominated node first, then every node; its PostFilter sees
     # the nomination (not eligible while a victim is still terminating there)
-    second = sched.schedule(nominated)
+    second = _reserve(sched, sched.schedule(nominated))
     if second.node is None:
-        second = sched.schedule(pod)
+        second = _reserve(sched, sched.schedule(pod))
         if second.node is None:
             sched.post_filter(nominated, second.status)
     if second.node is not None:
@@ -237,10 +238,27 @@ def _message(result: ScheduleResult) -> str:
 
 def _attempt(sched: GenericScheduler, pod: PodInfo) -> tuple[ScheduleResult, PostFilterResult | None]:
     """One scheduling cycle: schedule (assumed on success); on failure the PostFilter plugins."""
-    result = sched.schedule(pod)
+    result = _reserve(sched, sched.schedule(pod))
     if result.node is not None:
         return result, None
     return result, sched.post_filter(pod, result.status)
+
+
+def _reserve(sched: GenericScheduler, result: ScheduleResult) -> ScheduleResult:
+    """The profile's Reserve plugins for a placed pod (VolumeBinding assumes its volumes there, so
+    the next pod does not take the same PV; nothing binds in a simulation, so the assumption stands
+    for the binding); a rejection forgets the placement and is the pod's result."""
+    if result.node is None:
+        return result
+    state, pods, nodes = CycleState(), [result.pod], [result.node]
+    for i, plugin in enumerate(sched.framework.reserve_plugins):
+        status = plugin.reserve(state, pods, nodes)[0]
+        if not status.is_success():
+            for done in reversed(sched.framework.reserve_plugins[:i + 1]):
+                done.unreserve(state, pods, nodes)
+            sched.forget(result.pod)
+            return ScheduleResult(result.pod, None, status)
+    return result
 
 
 def simulate(paths: list[str | Path], config_path: str | Path | None = None, seed: int | None = 0,
@@ -261,6 +279,7 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
     table.set_spread_selectors(parse_spread_selectors(manifests))
     nodes = parse_nodes(manifests)
     table.add_nodes(nodes)
+    table.volumes = parse_volumes(manifests)
     pods = parse_pods(manifests)
     pdbs = parse_pdbs(manifests)
     handle = Handle()
