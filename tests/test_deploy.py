@@ -979,6 +979,12 @@ SYSTEM_KUBE_SCHEDULER = [
     (("storage.k8s.io",), ("csistoragecapacities",), ("get", "list", "watch"), None),
 ]
 
+#: system:volume-scheduler (bound to kube-scheduler's user too), the same form
+SYSTEM_VOLUME_SCHEDULER = [
+    (("",), ("persistentvolumes", "persistentvolumeclaims"), ("get", "list", "patch", "update", "watch"), None),
+    (("storage.k8s.io",), ("storageclasses",), ("get", "list", "watch"), None),
+]
+
 Permission = tuple[str, str, str, str]  # group ("" = core), resource, verb, resource name ("" = any)
 
 
@@ -1022,23 +1028,23 @@ def test_cluster_role_against_system_kube_scheduler() -> None:
     """Everything shardsched may do, kube-scheduler may do too, except one thing: get and update
     its leader-election Lease, which has its own name."""
     ours = cluster_role_permissions(one(RENDERED["base"], "ClusterRole", "shardsched"))
-    kube = permissions(SYSTEM_KUBE_SCHEDULER)
+    kube = permissions(SYSTEM_KUBE_SCHEDULER + SYSTEM_VOLUME_SCHEDULER)
     assert ours - kube == {("coordination.k8s.io", "leases", "get", "shardsched"),
                            ("coordination.k8s.io", "leases", "update", "shardsched"),
                            # gangs: scheduler-plugins' PodGroups, a CRD kube-scheduler does not read
                            ("scheduling.x-k8s.io", "podgroups", "list", ""),
                            ("scheduling.x-k8s.io", "podgroups", "watch", "")}
     # what we leave out (docs/operations.md lists why): get on pods, legacy bindings,
-    # Events update, the volume, spreading and authn/authz reads
+    # Events update, CSIDrivers, the spreading and authn/authz reads
     dropped = {(g, r) for g, r, _, _ in kube - ours}
-    assert ("", "pods") in dropped and ("", "bindings") in dropped and ("storage.k8s.io", "csinodes") in dropped
+    assert ("", "pods") in dropped and ("", "bindings") in dropped and ("storage.k8s.io", "csidrivers") in dropped
 
 
 def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     """`shardsched.kube.cluster` lists the (verb, group, resource) it uses; all must be granted
     (the Lease verbs on the Lease of the deployed configuration)."""
     try:
-        from shardsched.kube.cluster import GANG_PERMISSIONS, LEADER_PERMISSIONS, PERMISSIONS
+        from shardsched.kube.cluster import GANG_PERMISSIONS, LEADER_PERMISSIONS, PERMISSIONS, STORAGE_PERMISSIONS
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("shardsched.kube"):
             raise
@@ -1047,7 +1053,7 @@ def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     granted = cluster_role_permissions(one(objects, "ClusterRole", "shardsched"))
     config = load_config(one(objects, "ConfigMap", "shardsched-config")["data"]["config.yaml"])
     lease = config.leader_election.resource_name
-    for verb, group, resource in PERMISSIONS + GANG_PERMISSIONS + LEADER_PERMISSIONS:
+    for verb, group, resource in PERMISSIONS + GANG_PERMISSIONS + LEADER_PERMISSIONS + STORAGE_PERMISSIONS:
         assert {(group, resource, verb, ""), (group, resource, verb, lease)} & granted, (verb, group, resource)
 
 

@@ -477,3 +477,153 @@ def test_simulate_in_tree_disk_conflict(tmp_path):
     assert got["first"][:2] == ("Scheduled", "n1")
     assert got["second"][2].startswith("0/3 nodes are available: 1 node(s) had no available disk, 2 node(s) didn't "
                                        "match Pod's node affinity/selector.")
+
+
+# ---------------------------------------------------------------------------------- the simulated cluster
+
+@pytest.fixture
+def sim():
+    from shardsched.sim.cluster import SimCluster
+    cluster = SimCluster()
+    cluster.create_nodes([node("n1").with_labels({ZONE: "a"}), node("n2").with_labels({ZONE: "b"})])
+    return cluster
+
+
+def stored(cluster, kind, name, namespace=None):
+    return cluster.get_volume_object(kind, name, namespace)
+
+
+def test_sim_pv_controller_binds_a_claim_whose_pv_got_its_claim_ref(sim):
+    """VolumeBinding's PreBind writes the PV's claimRef; the controller binds the claim in the same
+    call (volumeName, bind-completed, phase Bound on both), each change a watch event."""
+    _, rv = sim.list_pvs()
+    for obj in (sc(), pv("pv2", host="n2"), pvc("data")):
+        sim.create_volume_object(obj)
+    assert not sim.claim_bound("default", "data")
+    claim_uid = stored(sim, PVC, "data", "default")["metadata"]["uid"]
+    sim.bind_volume("pv2", "default", "data", claim_uid)
+    assert sim.claim_bound("default", "data")
+    claim, volume = stored(sim, PVC, "data", "default"), stored(sim, PV, "pv2")
+    assert (claim["spec"]["volumeName"], claim["status"]["phase"]) == ("pv2", "Bound")
+    assert (volume["spec"]["claimRef"]["uid"], volume["status"]["phase"]) == (claim_uid, "Bound")
+    events, _ = sim.events_since(rv, kinds=[PV, PVC])
+    assert [(e.type, e.kind, e.object["metadata"]["name"]) for e in events][-2:] == [
+        ("MODIFIED", PV, "pv2"), ("MODIFIED", PVC, "data")]
+
+
+def test_sim_pv_controller_provisions_for_the_selected_node_with_its_topology(sim):
+    sim.create_volume_object(sc("zonal", "csi.example.com"))
+    sim.create_volume_object(csinode("n2", {"csi.example.com": 10}) | {"spec": {"drivers": [
+        {"name": "csi.example.com", "nodeID": "n2", "topologyKeys": [ZONE]}]}})
+    sim.create_volume_object(pvc("data", "3Gi", cls="zonal"))
+    assert sim.list_pvs()[0] == []  # WaitForFirstConsumer: nothing before the scheduler chooses
+    sim.set_selected_node("default", "data", "n2")
+    [volume] = sim.list_pvs()[0]
+    assert volume["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["b"]}]}]
+    assert volume["spec"]["capacity"]["storage"] == str(3 * 2**30)
+    assert sim.claim_bound("default", "data")
+
+
+def test_sim_pv_controller_binds_immediate_claims_and_reclaims_deleted_ones(sim):
+    sim.create_volume_object(sc("now", "csi.example.com", "Immediate"))
+    sim.create_volume_object(pv("small", "1Gi", cls="now"))
+    sim.create_volume_object(pv("big", "100Gi", cls="now"))
+    sim.create_volume_object(pvc("fits", "1Gi", cls="now"))
+    sim.create_volume_object(pvc("new", "200Gi", cls="now"))
+    assert stored(sim, PVC, "fits", "default")["spec"]["volumeName"] == "small"  # the smallest that fits
+    provisioned = stored(sim, PVC, "new", "default")["spec"]["volumeName"]
+    assert provisioned.startswith("pvc-") and stored(sim, PV, provisioned)["spec"]["csi"]["driver"] == "csi.example.com"
+    sim.delete_volume_object(PVC, "new", "default")  # class reclaim policy Delete: the PV goes
+    assert provisioned not in {v["metadata"]["name"] for v in sim.list_pvs()[0]}
+    sim.delete_volume_object(PVC, "fits", "default")  # a pre-created PV's default policy is Retain
+    assert stored(sim, PV, "small")["status"]["phase"] == "Released"
+
+
+def test_sim_refuses_bad_storage_objects_with_the_field(sim):
+    from shardsched.cluster import AlreadyExists, Invalid
+    with pytest.raises(Invalid, match="spec.nodeAffinity.required.nodeSelectorTerms"):
+        sim.create_volume_object(pv("bad", nodeAffinity={"required": {"nodeSelectorTerms": []}}))
+    sim.create_volume_object(sc())
+    with pytest.raises(AlreadyExists):
+        sim.create_volume_object(sc())
+    assert sim.list_pvs()[0] == []
+
+
+def test_sim_default_storage_class_is_given_to_a_claim_without_one(sim):
+    default = sc("std", "csi.example.com")
+    default["metadata"]["annotations"] = {"storageclass.kubernetes.io/is-default-class": "true"}
+    sim.create_volume_object(default)
+    sim.create_volume_object(pvc("data", cls=None))
+    assert stored(sim, PVC, "data", "default")["spec"]["storageClassName"] == "std"
+
+
+def test_prebind_against_the_simulated_cluster_binds_and_provisions(sim):
+    """VolumeBinding's Reserve over a catalog of the cluster's objects, then PreBind writing to the
+    simulated cluster: both claims end bound, one to the chosen PV, one to a provisioned PV."""
+    for obj in (sc(), sc("zonal", "csi.example.com"), pv("pv2", host="n2"), pvc("a"), pvc("b", cls="zonal")):
+        sim.create_volume_object(obj)
+    table = table_of(*(n for n in (node("n1").with_labels({ZONE: "a"}), node("n2").with_labels({ZONE: "b"}))))
+    table.volumes = catalog(*(o for kind in (PV, PVC, "StorageClass") for o in sim.list_storage(kind)[0]))
+    handle = Handle(volume_client=sim)
+    handle.table = table
+    plugin = volumebinding.VolumeBinding(5.0, handle)
+    p, state = claiming("a", "b").info(), CycleState()
+    assert plugin.reserve(state, [p], ["n2"])[0].is_success()
+    assert plugin.pre_bind(state, [p], ["n2"])[0].is_success()
+    assert stored(sim, PVC, "a", "default")["spec"]["volumeName"] == "pv2"
+    assert stored(sim, PVC, "b", "default")["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == "n2"
+    assert sim.claim_bound("default", "b")
+
+
+# ---------------------------------------------------------------------------------- the Kubernetes backend
+
+def wait_for(check, timeout_s: float = 10.0, what: str = "condition") -> None:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def storage_cluster(simapi_spec):
+    from shardsched.kube.cluster import KubeCluster
+    kc = KubeCluster(simapi_spec, ["shardsched-test"], watch_timeout_s=5, watch_storage=True)
+    yield kc
+    kc.stop()
+
+
+def test_kube_backend_lists_and_watches_storage_and_writes_volume_binding(simapi, storage_cluster):
+    """With its storage watch, KubeCluster lists the five kinds (with their apiVersions), serves
+    their changes through events_since, and VolumeBinding's writes (claimRef, selected-node)
+    reach the API server, where the PV controller binds; claim_bound follows the watch."""
+    from shardsched.cluster import CSI_NODE, STORAGE_CLASS, STORAGE_KINDS
+    sim = simapi.sim
+    for obj in (sc(), sc("zonal", "csi.example.com"), pv("pv2", host="n1"), pvc("a"), csinode("n1", {EBS_CSI: 3})):
+        sim.create_volume_object(obj)
+    kc = storage_cluster
+    assert set(STORAGE_KINDS) <= kc.capabilities.kinds
+    classes, rv = kc.list_storage_classes()
+    assert sorted((c["apiVersion"], c["metadata"]["name"]) for c in classes) == [
+        ("storage.k8s.io/v1", "local"), ("storage.k8s.io/v1", "zonal")]
+    assert [n["metadata"]["name"] for n in kc.list_csi_nodes()[0]] == ["n1"]
+    assert [(p["kind"], p["metadata"]["name"]) for p in kc.list_pvs()[0]] == [(PV, "pv2")]
+    sim.create_volume_object(pvc("b", cls="zonal"))
+    uid = sim.get_volume_object(PVC, "a", "default")["metadata"]["uid"]
+    kc.bind_volume("pv2", "default", "a", uid)
+    kc.set_selected_node("default", "b", "n1")
+    wait_for(lambda: kc.claim_bound("default", "a") and kc.claim_bound("default", "b"), what="both claims bound")
+    events, _ = kc.events_since(rv, [PVC])
+    assert {e.object["metadata"]["name"] for e in events} == {"a", "b"}
+    assert not kc.events_since(rv, [STORAGE_CLASS, CSI_NODE])[0]
+
+
+def test_kube_backend_without_storage_watch_keeps_its_kinds(simapi_spec):
+    from shardsched.cluster import PV as PV_KIND
+    from shardsched.kube.cluster import KubeCluster
+    kc = KubeCluster(simapi_spec, ["shardsched-test"])
+    try:
+        assert PV_KIND not in kc.capabilities.kinds
+    finally:
+        kc.stop()

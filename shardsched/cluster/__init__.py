@@ -19,8 +19,9 @@ from shardsched.cluster.errors import (
     ServerError,
     Timeout,
 )
-from shardsched.cluster.watch import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP,
-                                     SPREAD_SELECTOR_KINDS, WatchEvent, read_event_log)
+from shardsched.cluster.watch import (ADDED, CSI_NODE, CSI_STORAGE_CAPACITY, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD,
+                                      PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, STORAGE_KINDS, WatchEvent,
+                                      read_event_log)
 
 __all__ = [
     "ADDED",
@@ -37,6 +38,12 @@ __all__ = [
     "POD",
     "PODGROUP",
     "SPREAD_SELECTOR_KINDS",
+    "PV",
+    "PVC",
+    "STORAGE_CLASS",
+    "STORAGE_KINDS",
+    "CSI_NODE",
+    "CSI_STORAGE_CAPACITY",
     "AlreadyExists",
     "ApiError",
     "BindResult",

@@ -94,6 +94,16 @@ class ClusterBackend(Protocol):
         backend whose ``capabilities.kinds`` has them."""
         ...
 
+    def list_storage(self, kind: str) -> tuple[list[dict], int]:
+        """Every object of one storage kind (`shardsched.cluster.STORAGE_KINDS`: PersistentVolume,
+        PersistentVolumeClaim, StorageClass, CSINode, CSIStorageCapacity), and the resourceVersion;
+        a backend whose ``capabilities.kinds`` has them (``list_pvs``, ``list_pvcs``,
+        ``list_storage_classes``, ``list_csi_nodes`` and ``list_csi_storage_capacities`` are the
+        same per kind). VolumeBinding's PreBind writes through the same backend
+        (`shardsched.framework.interface.VolumeClient`: ``bind_volume``, ``set_selected_node``,
+        ``claim_bound``)."""
+        ...
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at

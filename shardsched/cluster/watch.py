@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from shardsched.api.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
+from shardsched.api.volumes import CSI_NODE, CSI_STORAGE_CAPACITY, PV, PVC, STORAGE_CLASS
 from shardsched.cluster.errors import Gone, Invalid
 
 #: watch event types (``watch.EventType``); BOOKMARK and ERROR never reach a consumer
@@ -30,6 +31,11 @@ PODGROUP = "PodGroup"
 #: selectors PodTopologySpread's default constraints read (`shardsched.api.workloads`); a backend
 #: that lists them has them in `Capabilities.kinds` and a ``list_spread_selectors`` method
 SPREAD_SELECTOR_KINDS = (SERVICE, REPLICATION_CONTROLLER, REPLICA_SET, STATEFUL_SET)
+#: the storage kinds the volume plugins read (`shardsched.api.volumes`): PersistentVolumes,
+#: PersistentVolumeClaims, StorageClasses, CSINodes, CSIStorageCapacities; a backend that lists them
+#: has them in `Capabilities.kinds` and ``list_pvs``, ``list_pvcs``, ``list_storage_classes``,
+#: ``list_csi_nodes`` and ``list_csi_storage_capacities`` methods
+STORAGE_KINDS = (PV, PVC, STORAGE_CLASS, CSI_NODE, CSI_STORAGE_CAPACITY)
 
 
 @dataclass(frozen=True, slots=True)

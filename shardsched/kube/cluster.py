@@ -44,13 +44,15 @@ from kubernetes import client as k8s
 from shardsched.api.objects import disruption_target_condition
 from shardsched.errors import PermanentError
 from shardsched.kube.aio import AioApi
-from shardsched.kube.client import STRATEGIC_MERGE_PATCH, Api, ClientSpec, TokenBucket, Unreachable, classify
+from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector
 from shardsched.kube.watches import Store, watch_specs
 from shardsched.kube.gate import BindsFirst
 from shardsched.kube.writers import EventRecorder, StatusWriter, condition_patch
-from shardsched.cluster import (BOUND, CONFLICT, MAYBE_APPLIED, NAMESPACE, NODE, NOT_APPLIED, NOT_FOUND, PDB, POD,
-                                PODGROUP, SPREAD_SELECTOR_KINDS,
+from shardsched.api.volumes import BIND_COMPLETED_ANNOTATION, SELECTED_NODE_ANNOTATION
+from shardsched.cluster import (BOUND, CONFLICT, CSI_NODE, CSI_STORAGE_CAPACITY, MAYBE_APPLIED, NAMESPACE, NODE,
+                                NOT_APPLIED, NOT_FOUND, PDB, POD, PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS,
+                                STORAGE_KINDS,
                                 BindResult, Capabilities, Timeout, WatchEvent)
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,11 @@ PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods
                ("create", "", "events"), ("patch", "", "events")]
 #: and when a profile has Coscheduling (gangs: the PodGroups are watched)
 GANG_PERMISSIONS = [("list", "scheduling.x-k8s.io", "podgroups"), ("watch", "scheduling.x-k8s.io", "podgroups")]
+#: and with ``watch_storage`` (the volume plugins' objects, VolumeBinding's PreBind writes)
+STORAGE_PERMISSIONS = [*((verb, group, resource) for group, resource in (
+    ("", "persistentvolumes"), ("", "persistentvolumeclaims"), ("storage.k8s.io", "storageclasses"),
+    ("storage.k8s.io", "csinodes"), ("storage.k8s.io", "csistoragecapacities")) for verb in ("list", "watch")),
+    ("patch", "", "persistentvolumes"), ("patch", "", "persistentvolumeclaims")]
 #: and with --leader-elect, in the Lease's namespace
 LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
                       ("update", "coordination.k8s.io", "leases")]
@@ -93,6 +100,10 @@ class KubeCluster:
             has Coscheduling): `list_pod_groups`, their events, `GANG_PERMISSIONS` checked. Their
             CRD must be installed (``deploy/crds/``); without it the PodGroup informer keeps
             retrying and reports it in `health`.
+        watch_storage: also list and watch PersistentVolumes, claims, StorageClasses, CSINodes and
+            CSIStorageCapacities (the kinds join ``capabilities.kinds``; `STORAGE_PERMISSIONS` are
+            then needed too), for the volume plugins and VolumeBinding's PreBind writes
+            (`bind_volume`, `set_selected_node`, `claim_bound`).
 
     Raises (from the protocol methods): `PermanentError` for a bad kubeconfig or RBAC denied on the
     initial list, `TemporaryError` when the API server is unreachable; later failures of the
@@ -105,13 +116,14 @@ class KubeCluster:
 
     def __init__(self, spec: ClientSpec, scheduler_names: Sequence[str], *, bind_share: float = 1.0,
                  bind_workers: int = 32, watch_timeout_s: float = 300.0, log_limit: int = 100_000,
-                 emit_scheduled: bool = True, pod_groups: bool = False) -> None:
+                 emit_scheduled: bool = True, pod_groups: bool = False, watch_storage: bool = False) -> None:
         if not scheduler_names:
             raise ValueError("scheduler_names: at least one schedulerName is needed")
         self._args = dict(spec=spec, scheduler_names=list(scheduler_names), bind_share=bind_share,
                           bind_workers=bind_workers, watch_timeout_s=watch_timeout_s, log_limit=log_limit,
-                          emit_scheduled=emit_scheduled, pod_groups=pod_groups)
+                          emit_scheduled=emit_scheduled, pod_groups=pod_groups, watch_storage=watch_storage)
         self.spec = spec
+        self.watch_storage = watch_storage
         self.scheduler_names = list(scheduler_names)
         self.bind_share = bind_share
         self.bind_workers = bind_workers
@@ -120,7 +132,9 @@ class KubeCluster:
         self.pod_groups = pod_groups
         if pod_groups:
             self.capabilities = Capabilities(kinds=self.capabilities.kinds | {PODGROUP}, per_process=True)
-        self.store = Store(watch_specs(self.scheduler_names, pod_groups), log_limit)
+        if watch_storage:
+            self.capabilities = Capabilities(kinds=self.capabilities.kinds | set(STORAGE_KINDS), per_process=True)
+        self.store = Store(watch_specs(self.scheduler_names, pod_groups, storage=watch_storage), log_limit)
         self._lock = threading.RLock()
         self._client: k8s.ApiClient | None = None
         self._api: Api | None = None
@@ -255,6 +269,57 @@ class KubeCluster:
         ``pod_groups``), and the sequence number. Raises: see `start`."""
         self.start()
         return self.store.list_pod_groups()
+
+    def list_storage(self, kind: str) -> tuple[list[dict], int]:
+        """Every object of one storage kind (`shardsched.cluster.STORAGE_KINDS`; [] without
+        ``watch_storage``), and the sequence number. Raises: see `start`."""
+        self.start()
+        return self.store.list_storage(kind)
+
+    def list_pvs(self) -> tuple[list[dict], int]:
+        """Every PersistentVolume (with ``watch_storage``; else []), and the sequence number."""
+        return self.list_storage(PV)
+
+    def list_pvcs(self) -> tuple[list[dict], int]:
+        """Every PersistentVolumeClaim (with ``watch_storage``), and the sequence number."""
+        return self.list_storage(PVC)
+
+    def list_storage_classes(self) -> tuple[list[dict], int]:
+        """Every StorageClass (with ``watch_storage``), and the sequence number."""
+        return self.list_storage(STORAGE_CLASS)
+
+    def list_csi_nodes(self) -> tuple[list[dict], int]:
+        """Every CSINode (with ``watch_storage``), and the sequence number."""
+        return self.list_storage(CSI_NODE)
+
+    def list_csi_storage_capacities(self) -> tuple[list[dict], int]:
+        """Every CSIStorageCapacity (with ``watch_storage``), and the sequence number."""
+        return self.list_storage(CSI_STORAGE_CAPACITY)
+
+    # ------------------------------------------------------------------ VolumeBinding's writes
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        """Set a PV's ``spec.claimRef`` (a merge patch of ``persistentvolumes``), synchronously, as
+        upstream's ``bindAPIUpdate`` updates it; the PV controller binds the claim.
+        Raises: `NotFound`, `Conflict`, `Forbidden`, `TemporaryError`."""
+        body = {"spec": {"claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": namespace,
+                                      "name": claim, "uid": claim_uid}}}
+        self._connection().request("PATCH", f"/api/v1/persistentvolumes/{pv_name}", verb="patch",
+                                   resource="persistentvolumes", body=body, content_type=MERGE_PATCH)
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        """Annotate a claim with ``volume.kubernetes.io/selected-node`` (a merge patch), synchronously;
+        the provisioner then provisions. Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
+        body = {"metadata": {"annotations": {SELECTED_NODE_ANNOTATION: node}}}
+        self._connection().request("PATCH", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}",
+                                   verb="patch", resource="persistentvolumeclaims", body=body,
+                                   content_type=MERGE_PATCH)
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """Whether the watched claim has ``volumeName`` and the PV controller's bind-completed
+        annotation (False while the watch has not shown it)."""
+        obj = self.store.storage_object(PVC, f"{namespace}/{claim}") or {}
+        return bool((obj.get("spec") or {}).get("volumeName")) and BIND_COMPLETED_ANNOTATION in (
+            (obj.get("metadata") or {}).get("annotations") or {})
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
@@ -411,7 +476,8 @@ class KubeCluster:
         Raises: `Unauthorized`, `TemporaryError` (API server unreachable or failing).
         """
         api = self._connection()
-        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS + (GANG_PERMISSIONS if self.pod_groups else [])]
+        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS + (GANG_PERMISSIONS if self.pod_groups else [])
+                  + (STORAGE_PERMISSIONS if self.watch_storage else [])]
         if lease_namespace:
             wanted += [(v, g, r, lease_namespace) for v, g, r in LEADER_PERMISSIONS]
         missing = []

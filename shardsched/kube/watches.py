@@ -35,17 +35,26 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, SPREAD_SELECTOR_KINDS,
-                                WatchEvent,
-                                read_event_log)
+from shardsched.cluster import (ADDED, CSI_NODE, CSI_STORAGE_CAPACITY, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD,
+                                PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, WatchEvent, read_event_log)
 
 NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD = "nodes", "bound", "ours", "namespaces", "pdbs", "spread"
-PODGROUPS = "podgroups"
+PODGROUPS, STORAGE = "podgroups", "storage"
 #: the watches of the objects whose selectors default spreading reads: (name, kind, path, apiVersion)
 SPREAD_WATCHES = (("services", "Service", "/api/v1/services", "v1"),
                   ("replicationcontrollers", "ReplicationController", "/api/v1/replicationcontrollers", "v1"),
                   ("replicasets", "ReplicaSet", "/apis/apps/v1/replicasets", "apps/v1"),
                   ("statefulsets", "StatefulSet", "/apis/apps/v1/statefulsets", "apps/v1"))
+#: the storage kinds' watches (the volume plugins' objects): kind -> (watch name, collection path,
+#: apiVersion), each listed then watched over all namespaces
+STORAGE_WATCHES: dict[str, tuple[str, str, str]] = {
+    PV: ("persistentvolumes", "/api/v1/persistentvolumes", "v1"),
+    PVC: ("persistentvolumeclaims", "/api/v1/persistentvolumeclaims", "v1"),
+    STORAGE_CLASS: ("storageclasses", "/apis/storage.k8s.io/v1/storageclasses", "storage.k8s.io/v1"),
+    CSI_NODE: ("csinodes", "/apis/storage.k8s.io/v1/csinodes", "storage.k8s.io/v1"),
+    CSI_STORAGE_CAPACITY: ("csistoragecapacities", "/apis/storage.k8s.io/v1/csistoragecapacities",
+                           "storage.k8s.io/v1"),
+}
 BOUND_WATCH = "pods-bound"
 #: watch event types the store applies (BOOKMARK and ERROR are handled by the reflector)
 CHANGES = (ADDED, MODIFIED, DELETED)
@@ -54,7 +63,7 @@ CHANGES = (ADDED, MODIFIED, DELETED)
 @dataclass(frozen=True)
 class WatchSpec:
     """One list+watch: its ``name``, object ``kind``, collection ``path``, server-side
-    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD or PODGROUPS), an optional server-side
+    ``field_selector``, ``role`` (NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD, PODGROUPS or STORAGE), an optional server-side
     ``label_selector``, and the ``api_version`` of its objects (a list's items carry none)."""
 
     name: str
@@ -72,13 +81,14 @@ class WatchSpec:
         return f"{base} ({self.field_selector})" if self.field_selector else base
 
 
-def watch_specs(scheduler_names: Iterable[str], pod_groups: bool = False) -> list[WatchSpec]:
+def watch_specs(scheduler_names: Iterable[str], pod_groups: bool = False, storage: bool = False) -> list[WatchSpec]:
     """The watches of a scheduler serving ``scheduler_names``: nodes, namespaces (their labels,
     for pod affinity's ``namespaceSelector``), PodDisruptionBudgets (``policy/v1``, which
     preemption reads), Services, ReplicationControllers, ReplicaSets and StatefulSets (whose
     selectors PodTopologySpread's default constraints read), each name's pods, and the other pods
     bound to nodes (see module docstring); with ``pod_groups``, the PodGroups
-    (``scheduling.x-k8s.io/v1alpha1``, gangs: their CRD must be installed)."""
+    (``scheduling.x-k8s.io/v1alpha1``, gangs: their CRD must be installed); with ``storage``, the
+    storage kinds of `STORAGE_WATCHES`."""
     names = sorted(set(scheduler_names))
     live = "status.phase!=Succeeded,status.phase!=Failed"
     others = "".join(f",spec.schedulerName!={name}" for name in names)
@@ -92,6 +102,9 @@ def watch_specs(scheduler_names: Iterable[str], pod_groups: bool = False) -> lis
     if pod_groups:
         specs.append(WatchSpec(PODGROUPS, PODGROUP, "/apis/scheduling.x-k8s.io/v1alpha1/podgroups", "", PODGROUPS,
                                api_version="scheduling.x-k8s.io/v1alpha1"))
+    if storage:
+        specs += [WatchSpec(watch, kind, path, "", STORAGE, api_version=version)
+                  for kind, (watch, path, version) in STORAGE_WATCHES.items()]
     return specs
 
 
@@ -224,6 +237,16 @@ class Store:
         with self._lock:
             return [o for spec in self.specs.values() if spec.role == SPREAD
                     for o in self._members[spec.name].values()], self._seq
+    def list_storage(self, kind: str) -> tuple[list[dict], int]:
+        """All objects of a storage kind (`STORAGE_WATCHES`) and the sequence number ([] without
+        its watch)."""
+        with self._lock:
+            return list(self._members.get(STORAGE_WATCHES[kind][0], {}).values()), self._seq
+
+    def storage_object(self, kind: str, key: str) -> dict | None:
+        """The latest state of one storage object (``namespace/name`` or ``name``), or None."""
+        with self._lock:
+            return self._members.get(STORAGE_WATCHES[kind][0], {}).get(key)
 
     def pod(self, namespace: str, name: str) -> dict | None:
         """The latest state of a pod we watch, or None."""

@@ -41,6 +41,11 @@ Where the simulator differs from a real cluster (each on purpose, for a faster o
   are stored and watched for their selectors only: no controller creates their pods.
 - Setting ``spec.unschedulable`` also adds or removes the ``node.kubernetes.io/unschedulable``
   NoSchedule taint in the same write (what the node lifecycle controller does right after).
+- PersistentVolumes, claims, StorageClasses, CSINodes and CSIStorageCapacities are stored and
+  watched, and the PV controller binds and provisions in the same call as the write that asks for
+  it (`shardsched.sim.volumes`: a PV's ``claimRef`` binds its claim, an Immediate claim takes a
+  matching PV or a provisioned one, a claim annotated ``volume.kubernetes.io/selected-node`` gets a
+  PV reachable from that node); provisioning never fails and takes no time.
 - Events (`record_event`) are kept per object until the object is deleted (a real cluster keeps
   them for an hour), at most the 32 newest distinct ones, de-duplicated by (type, reason,
   message) with a count as kube's event correlator does; they are not part of the watch and get
@@ -77,12 +82,14 @@ from shardsched.api.validation import labels_problems, name_problem, pod_problem
 from shardsched.errors import InvalidObjectError
 from shardsched.api.requests import RESIZE_INFEASIBLE, RESIZE_PENDING_CONDITION, pod_requests
 from shardsched.api.workloads import REPLICA_SET, SERVICE, workload_selector_of
-from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP,
-                                SPREAD_SELECTOR_KINDS, AlreadyExists, Binding,
+from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, PV, PVC,
+                                SPREAD_SELECTOR_KINDS, STORAGE_CLASS, CSI_NODE, CSI_STORAGE_CAPACITY, STORAGE_KINDS,
+                                AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
                                 read_event_log)
 from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
                                        parse_budget)
+from shardsched.sim.volumes import SimVolumes
 
 #: PriorityClasses every cluster has (``scheduling.k8s.io``'s built-in system classes).
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
@@ -214,7 +221,8 @@ class SimCluster:
         ValueError: ``history_limit`` < 1, or ``grace_period_scale`` < 0.
     """
 
-    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, PODGROUP, *SPREAD_SELECTOR_KINDS}))
+    capabilities = Capabilities(kinds=frozenset({NODE, POD, NAMESPACE, PDB, PODGROUP, *SPREAD_SELECTOR_KINDS,
+                                                 *STORAGE_KINDS}))
     #: Events and conditions are written at once, beside the binds: no `WriteGate`
     gate = None
 
@@ -250,6 +258,10 @@ class SimCluster:
         #: set's active pods (not terminating, not terminal)
         self._replica_sets: dict[str, dict] = {}
         self._rs_active: dict[str, set[str]] = {}
+        #: PersistentVolumes, claims, StorageClasses, CSINodes, CSIStorageCapacities and the PV
+        #: controller (`shardsched.sim.volumes`)
+        self._storage = SimVolumes(self._commit, self._new_uid, _now,
+                                   lambda name: (self._nodes.get(name) or {}).get("metadata", {}).get("labels"))
         #: copy objects passed to create_*; a Ray actor gets private deserialized copies already
         self._copy_inputs = copy_inputs
         self._faults = faults or FaultConfig()
@@ -304,6 +316,72 @@ class SimCluster:
         and the resourceVersion to watch from."""
         with self._locked():
             return list(self._spread_objects.values()), self._rv
+
+    def list_storage(self, kind: str) -> tuple[list[dict], int]:
+        """All objects of one storage kind (`shardsched.cluster.STORAGE_KINDS`) and the
+        resourceVersion to watch from."""
+        with self._locked():
+            return list(self._storage.objects[kind].values()), self._rv
+
+    def list_pvs(self) -> tuple[list[dict], int]:
+        """All PersistentVolumes (with the status the simulated PV controller wrote) and the
+        resourceVersion to watch from."""
+        return self.list_storage(PV)
+
+    def list_pvcs(self) -> tuple[list[dict], int]:
+        """All PersistentVolumeClaims and the resourceVersion to watch from."""
+        return self.list_storage(PVC)
+
+    def list_storage_classes(self) -> tuple[list[dict], int]:
+        """All StorageClasses and the resourceVersion to watch from."""
+        return self.list_storage(STORAGE_CLASS)
+
+    def list_csi_nodes(self) -> tuple[list[dict], int]:
+        """All CSINodes and the resourceVersion to watch from."""
+        return self.list_storage(CSI_NODE)
+
+    def list_csi_storage_capacities(self) -> tuple[list[dict], int]:
+        """All CSIStorageCapacities and the resourceVersion to watch from."""
+        return self.list_storage(CSI_STORAGE_CAPACITY)
+
+    def get_volume_object(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        """One storage object (a kind of `STORAGE_KINDS`). Raises: NotFound."""
+        with self._locked():
+            return self._storage.get(kind, name, namespace)
+
+    def create_volume_object(self, obj: Any) -> dict:
+        """Create a PersistentVolume, claim, StorageClass, CSINode or CSIStorageCapacity (by its
+        ``kind``), then let the PV controller bind or provision (`shardsched.sim.volumes`).
+        Raises: Invalid (the message names the field), AlreadyExists."""
+        with self._locked():
+            return self._storage.create(obj)
+
+    def update_volume_object(self, obj: Any) -> dict:
+        """Replace a storage object (uid kept), then run the PV controller. Raises: NotFound, Invalid."""
+        with self._locked():
+            return self._storage.update(obj)
+
+    def delete_volume_object(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        """Delete a storage object; a bound PV whose claim goes is reclaimed. Raises: NotFound."""
+        with self._locked():
+            return self._storage.delete(kind, name, namespace)
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        """VolumeBinding's PreBind write of a static binding (`shardsched.framework.interface.VolumeClient`):
+        the PV's ``claimRef``; the PV controller binds the claim in the same call. Raises: NotFound."""
+        with self._locked():
+            self._storage.bind_volume(pv_name, namespace, claim, claim_uid)
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        """VolumeBinding's PreBind write for provisioning: the claim's ``volume.kubernetes.io/selected-node``;
+        the PV controller provisions in the same call. Raises: NotFound."""
+        with self._locked():
+            self._storage.set_selected_node(namespace, claim, node)
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """Whether the claim is bound (``volumeName`` and the bind-completed annotation). Raises: NotFound."""
+        with self._locked():
+            return self._storage.claim_bound(namespace, claim)
 
     def list_pod_groups(self) -> tuple[list[dict], int]:
         """All PodGroup objects (``scheduling.x-k8s.io/v1alpha1``, with the status the simulated

@@ -29,6 +29,10 @@ Served (JSON only):
 - Events: create, merge-patch and delete-collection (``fieldSelector`` on the reporting controller,
   ``reason``, ``type``) in ``events.k8s.io/v1`` and ``v1`` (kept in `SimApiServer.events`
   and recorded in the simulated cluster too);
+- the storage kinds (PersistentVolumes, claims, StorageClasses, CSINodes, CSIStorageCapacities):
+  list and watch, create, get, replace, delete, and PATCH of a PV's ``spec.claimRef`` and a claim's
+  ``volume.kubernetes.io/selected-node`` annotation (the simulated PV controller then binds or
+  provisions);
 - PodDisruptionBudgets (``policy/v1``): list and watch (all namespaces or one), create, get,
   replace and delete, their status computed by the simulated cluster;
 - Leases (``coordination.k8s.io/v1``): get, create (409 AlreadyExists), update (409 on a stale
@@ -59,8 +63,9 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL
-from shardsched.cluster import (ADDED, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD, PODGROUP, SPREAD_SELECTOR_KINDS,
-                                AlreadyExists, ApiError, Conflict, NotFound)
+from shardsched.cluster import (ADDED, CSI_NODE, CSI_STORAGE_CAPACITY, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD,
+                                PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, STORAGE_KINDS, AlreadyExists,
+                                ApiError, Conflict, NotFound)
 from shardsched.sim.cluster import SimCluster
 
 _PODS = re.compile(r"^/api/v1/(?:namespaces/(?P<ns>[^/]+)/)?pods(?:/(?P<name>[^/]+)(?:/(?P<sub>binding|status))?)?$")
@@ -70,6 +75,11 @@ _NODES = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+)(?:/(?P<sub>status))?)?$"
 _EVENTS = re.compile(r"^/(?:api/v1|apis/events\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/events(?:/(?P<name>[^/]+))?$")
 _PDBS = re.compile(r"^/apis/policy/v1/(?:namespaces/(?P<ns>[^/]+)/)?poddisruptionbudgets(?:/(?P<name>[^/]+))?$")
 _PODGROUPS = re.compile(r"^/apis/scheduling\.x-k8s\.io/v1alpha1/(?:namespaces/(?P<ns>[^/]+)/)?podgroups(?:/(?P<name>[^/]+))?$")
+_STORAGE = re.compile(r"^/api(?:s/storage\.k8s\.io)?/v1/(?:namespaces/(?P<ns>[^/]+)/)?(?P<res>persistentvolumes|"
+                      r"persistentvolumeclaims|storageclasses|csinodes|csistoragecapacities)(?:/(?P<name>[^/]+))?$")
+#: the storage resources served -> their kind
+_STORAGE_KINDS = {"persistentvolumes": PV, "persistentvolumeclaims": PVC, "storageclasses": STORAGE_CLASS,
+                  "csinodes": CSI_NODE, "csistoragecapacities": CSI_STORAGE_CAPACITY}
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 #: Services, ReplicationControllers, ReplicaSets and StatefulSets (default spreading's selectors):
 #: (path pattern, resource, kind, apiVersion)
@@ -79,7 +89,8 @@ _SPREAD = tuple((re.compile(rf"^/{prefix}/(?:namespaces/(?P<ns>[^/]+)/)?{resourc
                                                         ("api/v1", "v1", "replicationcontrollers", "ReplicationController"),
                                                         ("apis/apps/v1", "apps/v1", "replicasets", "ReplicaSet"),
                                                         ("apis/apps/v1", "apps/v1", "statefulsets", "StatefulSet")))
-_API_VERSION = {PDB: "policy/v1", PODGROUP: "scheduling.x-k8s.io/v1alpha1", **{kind: version for _, _, kind, version in _SPREAD}}
+_API_VERSION = {PDB: "policy/v1", PODGROUP: "scheduling.x-k8s.io/v1alpha1", **{kind: version for _, _, kind, version in _SPREAD},
+                STORAGE_CLASS: "storage.k8s.io/v1", CSI_NODE: "storage.k8s.io/v1", CSI_STORAGE_CAPACITY: "storage.k8s.io/v1"}
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
@@ -202,13 +213,15 @@ class SimApiServer:
         pdbs, _ = self.sim.list_pdbs()
         spread, _ = self.sim.list_spread_selectors()
         groups, _ = self.sim.list_pod_groups()
+        storage = {kind: self.sim.list_storage(kind)[0] for kind in STORAGE_KINDS}
         pods, self._rv = self.sim.list_pods()
         for n in nodes:
             self._objects[(NODE, n["metadata"]["name"])] = n
         for kind, objs in ((POD, pods), (PDB, pdbs), (PODGROUP, groups), *((k, [o for o in spread if o["kind"] == k])
-                                                        for k in SPREAD_SELECTOR_KINDS)):
+                                                        for k in SPREAD_SELECTOR_KINDS), *storage.items()):
             for o in objs:
-                self._objects[(kind, f"{o['metadata']['namespace']}/{o['metadata']['name']}")] = o
+                meta = o["metadata"]
+                self._objects[(kind, f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"])] = o
         self._compacted = self._rv
         self._watches: set[socket.socket] = set()
         self.metrics = CollectorRegistry()
@@ -371,9 +384,11 @@ class SimApiServer:
         resource, named = path, False
         for rx, base in ((_PODS, "pods"), (_BINDINGS, "bindings"), (_NODES, "nodes"), (_EVENTS, "events"),
                          (_LEASES, "leases"), (_NAMESPACE, "namespaces"), (_PDBS, "poddisruptionbudgets"),
-                         (_PODGROUPS, "podgroups"), *((rx, resource) for rx, resource, _, _ in _SPREAD)):
+                         (_PODGROUPS, "podgroups"), *((rx, resource) for rx, resource, _, _ in _SPREAD),
+                         (_STORAGE, None)):
             m = rx.match(path)
             if m:
+                base = base or m["res"]
                 sub = m.groupdict().get("sub")
                 resource = f"{base}/{sub}" if sub else base
                 named = bool(m.groupdict().get("name"))
@@ -450,6 +465,9 @@ class SimApiServer:
             m = rx.match(path)
             if m:
                 return self._spread_selectors(h, kind, m["ns"], m["name"], q)
+        m = _STORAGE.match(path)
+        if m:
+            return self._storage(h, _STORAGE_KINDS[m["res"]], m["ns"], m["name"], q)
         raise NotFound("the server could not find the requested resource")
 
     # ------------------------------------------------------------------ resources
@@ -523,6 +541,33 @@ class SimApiServer:
         if found is None:
             raise NotFound(f'{kind.lower()}s "{name}" not found')
         return h.reply(200, found)
+
+    def _storage(self, h: _Handler, kind: str, ns: str | None, name: str | None, q: dict) -> None:
+        """The storage kinds: list and watch, create, get, replace, delete; PATCH of a PV's
+        ``spec.claimRef`` and of a claim's ``volume.kubernetes.io/selected-node`` annotation (what
+        VolumeBinding's PreBind writes)."""
+        if name is None:
+            if h.command == "POST":
+                body = {**(h.body() or {}), "kind": kind}
+                if ns:
+                    body.setdefault("metadata", {})["namespace"] = ns
+                return h.reply(201, self.sim.create_volume_object(body))
+            return self._list_or_watch(h, kind, q, ns)
+        if h.command == "PUT":
+            body = {**(h.body() or {}), "kind": kind}
+            body.setdefault("metadata", {}).update(name=name, **({"namespace": ns} if ns else {}))
+            return h.reply(200, self.sim.update_volume_object(body))
+        if h.command == "DELETE":
+            return h.reply(200, self.sim.delete_volume_object(kind, name, ns))
+        if h.command == "PATCH":
+            body = h.body() or {}
+            ref = (body.get("spec") or {}).get("claimRef")
+            if kind == PV and ref:
+                self.sim.bind_volume(name, ref.get("namespace") or "default", ref["name"], ref.get("uid") or "")
+            node = ((body.get("metadata") or {}).get("annotations") or {}).get("volume.kubernetes.io/selected-node")
+            if kind == PVC and node:
+                self.sim.set_selected_node(ns or "default", name, node)
+        return h.reply(200, self.sim.get_volume_object(kind, name, ns))
 
     def _patch_node(self, name: str, sub: str | None, body: dict) -> dict:
         """The two node patches `shardsched.bench.serve_cluster.register_node` makes: ``status.conditions``
