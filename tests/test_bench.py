@@ -77,10 +77,12 @@ def test_kube_like_always_uses_the_adaptive_percentage(source):
     ("SchedulingWithNodeInclusionPolicy/5000Nodes", perf.RUN, None),
     ("SchedulingWithMixedChurn/5000Nodes_10000Pods", perf.PARTIAL, "Service churn"),
     ("SchedulingPodAffinity/5000Nodes_5000Pods", perf.RUN, None),
-    ("PreemptionBasic/1000Nodes", perf.SKIP, "preemption"),
+    ("PreemptionBasic/1000Nodes", perf.RUN, None),
+    ("PreemptionBasic/5000Nodes", perf.RUN, None),
     ("SchedulingDeletedPodsWithFinalizers/5000Node_5000DeletingPods", perf.SKIP, "deletePods"),
     ("SchedulingBasic/5000Nodes_50000Pods_AsyncAPICallsEnabled", perf.SKIP, "feature gates"),
-], ids=["basic", "inclusion-policy", "mixed-churn", "pod-affinity", "preemption", "delete-op", "gate-variant"])
+], ids=["basic", "inclusion-policy", "mixed-churn", "pod-affinity", "preemption", "preemption-5000-built-in",
+        "delete-op", "gate-variant"])
 def test_perf_catalog_says_what_runs_and_why_not(workload, status, reason):
     entry = next(c for c in perf.catalog(perf.load_workloads()) if c["workload"] == workload)
     assert entry["status"] == status
@@ -141,16 +143,24 @@ def test_field_paced_load_creates_the_pods_at_the_rate(ray_session):
 
 def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
-                                        "PreemptionBasic/5Nodes"], timeout_s=120)
+                                        "PreemptionBasic/5Nodes", "PreemptionAsync/5Nodes",
+                                        "SchedulingDeletedPodsWithFinalizers/10Node_100DeletingPods"], timeout_s=120)
     results, cat = perf.run(params)
-    basic, unsched, preempt = results
+    basic, unsched, preempt, preempt_async, skipped = results
     for r, init in ((basic, 5), (unsched, 1)):
         m = r.measurement
         assert r.status == perf.RUN and r.init_pods == init and r.nodes == 5
         assert m.bound == m.pods == 10 and m.invariants_ok and not m.errors
-    assert preempt.status == perf.SKIP and preempt.measurement is None
+    # 4 pods of 900m on each 4-CPU node; each 3-CPU preemptor takes one node and 3 of its pods
+    m = preempt.measurement
+    assert preempt.status == perf.RUN and preempt.init_pods == 20 and m.bound == m.pods == 5, m.errors
+    assert (preempt.preemptions, preempt.victims) == (5, 15) and m.invariants_ok
+    m = preempt_async.measurement
+    assert m.bound == m.pods == 5 and m.invariants_ok and preempt_async.churn_objects >= 1
+    assert skipped.status == perf.SKIP and skipped.measurement is None
     data = _roundtrip(perf.to_json(results, cat, params, machine()))
-    assert [w["status"] for w in data["workloads"]] == ["run", "run", "skipped"]
+    assert [w["status"] for w in data["workloads"]] == ["run", "run", "run", "run", "skipped"]
+    assert data["workloads"][2]["victims_per_preemptor"] == 3.0
     assert any(c["workload"].startswith("SchedulingPodAffinity/") for c in data["not_run"])
     assert "PreemptionBasic" in perf.markdown(results, cat, params)
     assert perf.plot(results, str(tmp_path)) == [str(tmp_path / "perf-throughput.png")]

@@ -220,8 +220,8 @@ def field(**kw) -> None:
 @click.option("--workload", "workloads", multiple=True, metavar="PATTERN",
               help="Workload to run, TestCase/workload, glob allowed (repeatable); default: the performance-size "
                    "workloads of SchedulingBasic, SchedulingNodeAffinity, SchedulingWithNodeInclusionPolicy, "
-                   "Unschedulable, SchedulingWithMixedChurn, SchedulingWithExtendedResource and HostPortConflict "
-                   "(--list marks them).")
+                   "Unschedulable, SchedulingWithMixedChurn, SchedulingWithExtendedResource, HostPortConflict, "
+                   "PreemptionBasic (5000Nodes, commented out upstream) and PreemptionAsync (--list marks them).")
 @click.option("--list", "list_only", is_flag=True, help="List every workload of the configs with its status and exit.")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Folder of kube-scheduler's scheduler_perf workloads, copied from the kubernetes repository's "
@@ -243,7 +243,8 @@ def perf(**kw) -> None:
     Read from upstream's performance-config.yaml files and templates: nodes from the node
     templates, init pods created already bound, the measured pods in one burst, churn ops while
     they are scheduled. Each workload's throughput threshold (upstream's floor for kube-scheduler)
-    is shown beside our pods/s. Workloads that need plugins shardsched lacks are listed as skipped
+    is shown beside our pods/s; workloads that preempt also report their preemptions (per second
+    and victims per preemptor). Workloads that need plugins shardsched lacks are listed as skipped
     with the reason; ones with an ignored part are marked partial.
     """
     from shardsched.bench import perf as mod

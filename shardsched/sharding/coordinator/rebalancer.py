@@ -13,6 +13,7 @@ may be gone, or it may need another node)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -27,6 +28,11 @@ from shardsched.sharding.coordinator.preemption import FITS, NOMINATED, WAITING,
 from shardsched.sharding.coordinator.router import choose, shard_counts, slim
 from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, Handoff
+
+#: seconds of hand-offs one `Rebalancer.rebalance` call decides before it leaves the rest to the next
+#: turn of the loop: it holds the state lock, which the watch, the status and the health checks need
+#: too (a burst of preemptions, each with its API writes, would hold it for minutes)
+REBALANCE_BUDGET_S = 0.5
 
 
 class Rebalancer:
@@ -47,8 +53,8 @@ class Rebalancer:
             self._inbox.append((shard, items))
 
     def rebalance(self) -> bool:
-        """Decide for every pod handed off since the last call; call with the state lock held.
-        Returns whether there was any."""
+        """Decide for the pods handed off since the last call, for up to `REBALANCE_BUDGET_S` (the
+        rest first at the next call); call with the state lock held. Returns whether there was any."""
         with self._inbox_lock:
             inbox, self._inbox = self._inbox, []
         if not inbox:
@@ -57,8 +63,13 @@ class Rebalancer:
         forward: dict[int, list[PodInfo]] = defaultdict(list)
         park: dict[int, list] = defaultdict(list)
         retry: dict[int, list] = defaultdict(list)
+        deadline = time.monotonic() + REBALANCE_BUDGET_S
+        later: list[tuple[int, list[Handoff]]] = []
         for shard, items in inbox:
-            for h in items:
+            for k, h in enumerate(items):
+                if time.monotonic() > deadline:
+                    later.append((shard, items[k:]))
+                    break
                 pod = h.qpi.pod_info
                 t = state.pending.get(pod.uid)
                 if t is None:  # bound or deleted meanwhile
@@ -115,6 +126,9 @@ class Rebalancer:
                     retry[target].append(h.qpi)
                     continue
                 self._fail_round(t, h.qpi, result, static, shard, park, retry)
+        if later:
+            with self._inbox_lock:
+                self._inbox[:0] = later
         for index, qpis in retry.items():
             state.shards[index].client.accept(qpis, False)
         for index, pods in forward.items():
