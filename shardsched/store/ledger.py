@@ -595,6 +595,39 @@ class Ledger:
                 for code, detail, dropped in out]
 
     @_translate_errors
+    def reserve_gang(self, epoch: int, members: Sequence[GangMember], ttl_ms: int) -> GangResult:
+        """Hold a whole gang on its nodes, all or nothing, in one Redis call across the shards.
+
+        Per member, in order: ``epoch`` must be the current shard-map epoch and ``member.shard`` the
+        node's owner (else FENCED); no shard may hold a live lease of the member (else LEASE_HELD:
+        a shard is scheduling it); the node must be known (else NODE_UNKNOWN); for every requested
+        resource and the pod count, used + reserved + the node's nominations of other pods of
+        priority >= the member's + the members placed on the node before it + request <=
+        allocatable (else INSUFFICIENT). The first failure writes nothing. When all pass, every
+        member is recorded as a nomination on its node for ``ttl_ms`` ms of server time
+        (`renew_nominations` extends, `unnominate` releases them), which `reserve` counts for
+        every other pod of equal or lower priority: the gang's room is kept until each member is
+        reserved and bound by its owner shard.
+
+        Returns: the `GangResult`. Raises: ValueError for an empty gang or a uid named twice.
+        """
+        members = list(members)
+        _check_unique([m.uid for m in members])
+        _check_ttl(ttl_ms)
+        if not members:
+            raise ValueError("a gang needs at least one member")
+        nodes = list(dict.fromkeys(m.node for m in members))
+        index = {n: j for j, n in enumerate(nodes, 1)}
+        keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(m.uid) for m in members]
+        keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
+        items = [[m.uid, index[m.node], m.shard, _encode_resources(m.requests, pod=True), int(m.priority)]
+                 for m in members]
+        code, at, detail = json.loads(self._scripts["gang_reserve"](
+            keys=keys, args=[int(epoch), ttl_ms, _json([nodes, items])]))
+        return GangResult(GangCode(code), members[at - 1].uid if at else "", detail)
+
+
+    @_translate_errors
     def renew_nominations(self, nominations: Mapping[str, str], ttl_ms: int) -> set[str]:
         """Extend nominations (uid -> node) to server-now + ``ttl_ms``. Returns the uids renewed;
         the others are gone (expired, dropped for a preemptor of higher priority, or lost with a
