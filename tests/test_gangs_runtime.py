@@ -145,3 +145,22 @@ def test_a_member_whose_bind_is_refused_is_decided_again_and_the_gang_completes(
     assert bound_per_group(world) == {"train": 4}
     assert holds(world) == {}
     assert world.coordinator.state.metrics.podgroup_attempts.labels("scheduled")._value.get() == 2
+
+
+def test_a_shard_replaced_while_its_members_are_held_and_the_gang_completes(ledger) -> None:
+    """The gang is held in the ledger and its members sent to their shards; before shard 1 binds
+    anything it dies and is replaced (new member id, epoch bumped). The new incarnation gets the
+    held members again and binds them on their nodes: the gang ends whole, nothing bound twice."""
+    world = World(ledger, n_nodes=6, shards=3, config=CONFIG)
+    gang(world, "train", 9, cpu="2")
+    world.coordinator.step()  # intake, then the gang decided and held
+    assert world.coordinator.state.counters["gangs_placed"] == 1 and holds(world)
+    dead = world.shards[1]
+    assert dead.pending_keys()  # some of the gang's members wait in the shard that dies
+    world.coordinator.replace_shard(1)
+    assert world.shards[1] is not dead and world.coordinator.state.shards[1].member == "shard-1@2"
+    world.settle()
+    assert bound_per_group(world) == {"train": 9}
+    inv = world.cluster.invariants()
+    assert inv["double_binds"] == 0 and inv["overcommitted_nodes"] == [] and inv["bind_conflicts"] == 0
+    assert holds(world) == {}
