@@ -632,3 +632,65 @@ def test_the_plain_coordinator_and_shard_import_without_ray():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def _sent_bound(world: World) -> list[str]:
+    """Record the uids of the bound pods the coordinator sends to the shards (`Shard.apply_bound`)."""
+    sent: list[str] = []
+    for shard in world.shards.values():
+        real = shard.apply_bound
+
+        def recording(adds=(), removes=(), real=real):
+            adds = list(adds)
+            sent.extend(u.uid for u, _ in adds)
+            return real(adds, removes)
+        shard.apply_bound = recording
+    return sent
+
+
+def test_a_pod_its_shard_reported_committed_is_counted_once_in_each_place(ledger):
+    """The shard's report that it committed its pods comes before the watch shows them bound: the
+    coordinator counts them in its table, and neither observes them again nor sends them back."""
+    world = World(ledger, n_nodes=2, shards=1)
+    sent = _sent_bound(world)
+    observed: list[str] = []
+    real_observe = world.ledger.observe
+    world.ledger.observe = lambda pods: (observed.extend(p.uid for p in pods), real_observe(pods))[1]
+    world.create(3)
+    world.coordinator.poll_watch()  # routed
+    [shard] = world.shards.values()
+    shard.step()  # bound, committed, reported
+
+    world.settle()
+
+    uids = {p["metadata"]["uid"] for p in world.cluster.list_pods()[0]}
+    assert world.coordinator.status()["bound_seen"] == 3 and not world.coordinator.state.awaiting_commit
+    assert set(world.coordinator.state.table.pod_slot) == uids
+    assert set(shard.table.pod_slot) == uids
+    assert sent == [] and observed == []
+    used = sum(world.ledger.node_usage(f"node-0000{i}").used.get("cpu", 0) for i in range(2))
+    assert used == 3000
+
+
+def test_a_rival_bind_on_a_shards_node_reaches_the_ledger_at_once_and_the_shard_after_the_wait(ledger, monkeypatch):
+    """Another scheduler binds a pod routed to a shard onto that shard's node: the watch cannot
+    tell it from the shard's own bind, so the ledger counts it at once (the second check must see
+    it) and, no commit report coming, the shard's table gets it after `COMMIT_REPORT_WAIT_S`."""
+    from shardsched.sharding.coordinator import intake
+
+    monkeypatch.setattr(intake, "COMMIT_REPORT_WAIT_S", 0.2)
+    world = World(ledger, n_nodes=2, shards=1)
+    sent = _sent_bound(world)
+    [created] = world.create(1)
+    world.coordinator.poll_watch()  # routed
+    world.cluster.bind("default", "pod-00000", "node-00001")
+    world.coordinator.poll_watch()
+    [shard] = world.shards.values()
+
+    assert world.ledger.node_usage("node-00001").used["cpu"] == 1000
+    assert created["metadata"]["uid"] in world.coordinator.state.awaiting_commit and sent == []
+    time.sleep(0.25)
+    world.coordinator.poll_watch()
+    assert sent == [created["metadata"]["uid"]] and shard.table.node_of(created["metadata"]["uid"]) == "node-00001"
+    world.settle()
+    assert world.cluster.invariants()["binds"] == 1
