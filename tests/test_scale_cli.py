@@ -60,14 +60,11 @@ def test_scale_reaches_a_run_from_another_terminal_and_ends_within_its_timeout(t
         assert (json.loads(step.stdout)["from_shards"], json.loads(step.stdout)["to_shards"]) == (2, 3)
 
         # no token sent: one line saying what is missing (once Ray gives up its retries, ~20 s), none
-        # of Ray's own lines
-        refused, took_s = scale("--ray-address", address, "--timeout", "90", RAY_AUTH_MODE="disabled")
-        assert refused.returncode == 1
-        assert refused.stderr == (f"error: Ray at {address} requires its authentication token, and RAY_AUTH_MODE=disabled "
-                                  "here sends none: unset RAY_AUTH_MODE\n")
-        assert took_s < 90 + 20  # the process's start (imports) comes on top of --timeout
-
-        # SIGTERM while Ray's retries go on: exit 143 at once
+        # of Ray's own lines; and, in a second terminal meanwhile, SIGTERM while Ray's retries go
+        # on: exit 143 at once
+        started = time.monotonic()
+        refusing = subprocess.Popen(CLI + ["scale", "--ray-address", address, "--timeout", "90"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=terminal_env(RAY_AUTH_MODE="disabled"))
         waiting = subprocess.Popen(CLI + ["scale", "--ray-address", address, "--timeout", "120"], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, env=terminal_env(RAY_AUTH_MODE="disabled"))
         time.sleep(8)  # imported, joining
@@ -75,6 +72,13 @@ def test_scale_reaches_a_run_from_another_terminal_and_ends_within_its_timeout(t
         waiting.send_signal(signal.SIGTERM)
         _, err = waiting.communicate(timeout=10)
         assert waiting.returncode == 143 and err == "interrupted (SIGTERM)\n"
+
+        _, refused = refusing.communicate(timeout=120)
+        took_s = time.monotonic() - started
+        assert refusing.returncode == 1
+        assert refused == (f"error: Ray at {address} requires its authentication token, and RAY_AUTH_MODE=disabled "
+                           "here sends none: unset RAY_AUTH_MODE\n")
+        assert took_s < 90 + 20  # the process's start (imports) comes on top of --timeout
 
         # the run ends while scale retries: scale still ends within its --timeout
         retrying = subprocess.Popen(CLI + ["scale", "--ray-address", address, "--shards", "2", "--timeout", "20"],
