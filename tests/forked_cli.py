@@ -26,8 +26,10 @@ import tempfile
 import traceback
 from typing import Mapping, Sequence
 
-#: imported once by the fork server (each command then forks from it)
-PRELOAD = ["shardsched.cli.main", "shardsched.scheduler.simulate"]
+#: imported once by the fork server (each command then forks from it): simulate's and serve's
+#: modules (a module that fails to import is left to the command, which then says why)
+PRELOAD = ["shardsched.cli.main", "shardsched.scheduler.simulate", "shardsched.metrics", "shardsched.kube.cluster",
+           "shardsched.kube.serving", "shardsched.kube.leader", "shardsched.bench.serve", "shardsched.sharding.shard"]
 
 _context = None
 

@@ -29,6 +29,7 @@ from shardsched.testing.simapi import SimApiServer
 from shardsched.sim.cluster import SimCluster
 
 from builders import node, pod
+from forked_cli import run_cli
 
 SCHED = "shardsched"  # serve's profile without --config
 
@@ -39,7 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(check, timeout_s: float = 20.0, what: str = "condition") -> None:
+def wait_for(check, timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Until ``check()`` holds, polled every 0.1 s; at most ``timeout_s`` (a cap for a loaded
+    machine, where a serve process takes tens of seconds to start: no test waits that long when
+    it passes)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -275,17 +279,16 @@ def test_the_leader_steps_down_when_its_coordinator_dies(api_server, kubeconfig,
 
 
 def test_a_malformed_redis_url_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--redis-url", "notaurl",
-                           "--mode", "threads"], capture_output=True, text=True, timeout=60)
+    proc = run_cli(["serve", "--redis-url", "notaurl",
+                    "--mode", "threads"], timeout=60)
     assert proc.returncode == 2
     assert "Invalid value for '--redis-url': 'notaurl'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_bad_kubeconfig_exits_with_a_clear_message(tmp_path, redis_server):
     missing = str(tmp_path / "missing.kubeconfig")
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", missing,
-                           "--mode", "threads", "--redis-url", redis_server.url], capture_output=True, text=True,
-                          timeout=60)
+    proc = run_cli(["serve", "--kubeconfig", missing,
+                    "--mode", "threads", "--redis-url", redis_server.url], timeout=60)
     assert proc.returncode == 2
     assert f"kubeconfig {missing}: no such file" in proc.stderr
 
@@ -327,10 +330,10 @@ def test_two_serve_processes_elect_one_leader_and_the_standby_takes_over(api_ser
 def run_bench(kubeconfig: str, redis_url: str, pods: int, nodes: int, *extra: str) -> tuple[dict, str]:
     """``serve --bench`` as a user runs it (``extra``: more arguments); returns its JSON report and
     its log (stderr)."""
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
-                           "--mode", "threads", "--redis-url", redis_url, "--no-leader-elect", "--kube-api-qps", "0",
-                           "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", str(pods), "--bench-nodes", str(nodes),
-                           "--bench-timeout", "120", "-o", "json", *extra], capture_output=True, text=True, timeout=300)
+    proc = run_cli(["serve", "--kubeconfig", kubeconfig,
+                    "--mode", "threads", "--redis-url", redis_url, "--no-leader-elect", "--kube-api-qps", "0",
+                    "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", str(pods), "--bench-nodes", str(nodes),
+                    "--bench-timeout", "120", "-o", "json", *extra], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.stderr
 
@@ -460,15 +463,15 @@ def test_serve_bench_null_run_binds_the_backlog_with_the_baselines_client(api_se
         return real_record(ref, type_, reason, message)
 
     api_server.sim.bind_many, api_server.sim.record_event = recording, record_event
-    base = [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode", "threads",
+    base = ["serve", "--kubeconfig", kubeconfig, "--mode", "threads",
             "--redis-url", "redis://127.0.0.1:1/0", "--no-leader-elect", "--kube-api-qps", "0", "--bench", "80",
             "--bench-nodes", "3", "--bench-null"]
     try:
-        proc = subprocess.run(base + ["-o", "json"], capture_output=True, text=True, timeout=300)
+        proc = run_cli(base + ["-o", "json"], timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         report = json.loads(proc.stdout)
         window = [(n, t) for n, t in bound_by if n.startswith("bench-") and not n.startswith("bench-api-")]
-        table = subprocess.run(base, capture_output=True, text=True, timeout=300)
+        table = run_cli(base, timeout=300)
     finally:
         api_server.sim.bind_many, api_server.sim.record_event = real_bind, real_record
     assert report["null"] is True and report["errors"] == []
@@ -490,8 +493,8 @@ def test_serve_bench_null_run_binds_the_backlog_with_the_baselines_client(api_se
     assert len(api_server.sim.list_nodes()[0]) == before
     assert not [p for p in api_server.sim.list_pods()[0] if p["metadata"]["name"].startswith("bench-")]
     # a null run is a kind of bench run
-    alone = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
-                            "--bench-null"], capture_output=True, text=True, timeout=60)
+    alone = run_cli(["serve", "--kubeconfig", kubeconfig,
+                     "--bench-null"], timeout=60)
     assert alone.returncode == 2 and "--bench-null is a kind of bench run: give --bench N too" in alone.stderr
 
 
@@ -499,12 +502,11 @@ def test_serve_bench_null_run_with_a_schedulers_watches(api_server, kubeconfig):
     """``--bench-null-watch``: the null window also holds the informers a scheduler of the bench's
     pods runs (their watch of the bench's schedulerName opened before the window), and they are
     closed before the second baseline; without ``--bench-null`` the flag is refused."""
-    base = [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode", "threads",
+    base = ["serve", "--kubeconfig", kubeconfig, "--mode", "threads",
             "--redis-url", "redis://127.0.0.1:1/0", "--no-leader-elect", "--kube-api-qps", "0", "--bench", "60",
             "--bench-nodes", "2"]
     seen = len(api_server.queries)
-    proc = subprocess.run(base + ["--bench-null", "--bench-null-watch", "-o", "json"], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_cli(base + ["--bench-null", "--bench-null-watch", "-o", "json"], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["null"] is True and report["null_watch"] is True and report["errors"] == []
@@ -513,9 +515,9 @@ def test_serve_bench_null_run_with_a_schedulers_watches(api_server, kubeconfig):
     ours = [q for m, path, q in api_server.queries[seen:] if m == "GET" and path == "/api/v1/pods"
             and q.get("watch") == "true" and q.get("fieldSelector", "").startswith("spec.schedulerName=shardsched-bench-")]
     assert ours, "the null window held no watch of the bench's scheduler name"
-    plain = subprocess.run(base + ["--bench-null", "-o", "json"], capture_output=True, text=True, timeout=300)
+    plain = run_cli(base + ["--bench-null", "-o", "json"], timeout=300)
     assert plain.returncode == 0 and json.loads(plain.stdout)["null_watch"] is False
-    alone = subprocess.run(base + ["--bench-null-watch"], capture_output=True, text=True, timeout=60)
+    alone = run_cli(base + ["--bench-null-watch"], timeout=60)
     assert alone.returncode == 2 and "--bench-null-watch is a kind of null run: give --bench-null too" in alone.stderr
 
 
@@ -523,10 +525,10 @@ def test_serve_bench_null_run_with_a_schedulers_watches(api_server, kubeconfig):
 def test_serve_bench_table_says_which_side_set_the_pace(api_server, kubeconfig, redis_server, qps):
     """The table output (serve's default) gives the API server's CPU in both phases; below the
     target it says why when it can: shardsched's own rate limit, or too few pods to tell."""
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--mode",
-                           "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--kube-api-qps", qps,
-                           "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "60", "--bench-nodes",
-                           "2"], capture_output=True, text=True, timeout=300)
+    proc = run_cli(["serve", "--kubeconfig", kubeconfig, "--mode",
+                    "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--kube-api-qps", qps,
+                    "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "60", "--bench-nodes",
+                    "2"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     # the simulated API server has no /debug/pprof: the table says the phases were not aligned
@@ -603,11 +605,11 @@ def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_serve
     started = threading.Event()
 
     def slow(bindings):
-        # a 2,000-pod baseline would take ~20 s (0.3 s per bind, 32 in flight); shardsched's
-        # window ~30 s (2 s per bind, up to 128 in flight)
+        # a 1,000-pod baseline would take ~20 s (0.6 s per bind, 32 in flight); shardsched's
+        # window ~30 s (4 s per bind, up to 128 in flight)
         if _bench_phase(bindings[0][1]) == phase:
             started.set()
-            time.sleep(2.0 if phase == "scheduling" else 0.3)
+            time.sleep(4.0 if phase == "scheduling" else 0.6)
         return real_bind(bindings)
 
     nodes_before = len(api_server.sim.list_nodes()[0])
@@ -616,7 +618,7 @@ def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_serve
         proc = subprocess.Popen([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
                                  "--mode", "threads", "--redis-url", redis_server.url, "--no-leader-elect",
                                  "--kube-api-qps", "0", "--metrics-address", "127.0.0.1", "--metrics-port", "0",
-                                 "--bench", "2000", "--bench-nodes", "2"], stdout=subprocess.PIPE,
+                                 "--bench", "1000", "--bench-nodes", "2"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
             assert started.wait(90), f"no bind of the {phase} phase"
@@ -635,7 +637,7 @@ def test_serve_bench_stops_at_once_on_sigint(api_server, kubeconfig, redis_serve
                 "second baseline": "interrupted (SIGINT/SIGTERM) during the second baseline"}[phase]
     assert expected in out
     if phase == "scheduling":
-        assert "interrupted before its 2000 pods were bound: not measured" in out
+        assert "interrupted before its 1000 pods were bound: not measured" in out
         assert "ratio shardsched / API server: not measured (interrupted)" in out
     # the baseline stops at once; shardsched's window ends with the scheduler's orderly stop (binds
     # in flight get 5 s, then the connection is closed), ~9 s in all with binds this slow
@@ -682,9 +684,9 @@ def test_report_ratios_are_rounded_down_in_the_json():
 def test_bench_options_without_bench_are_refused(kubeconfig):
     """--bench-nodes, --bench-namespace and --bench-timeout alone would start a real scheduler with
     the given (often admin) credentials: refused, exit 2, before anything starts."""
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
-                           "--mode", "threads", "--no-leader-elect", "--bench-nodes", "5", "--bench-namespace", "x"],
-                          capture_output=True, text=True, timeout=60)
+    proc = run_cli(["serve", "--kubeconfig", kubeconfig,
+                    "--mode", "threads", "--no-leader-elect", "--bench-nodes", "5", "--bench-namespace", "x"],
+                   timeout=60)
     assert proc.returncode == 2
     assert ("error: --bench-nodes, --bench-namespace only apply to a bench run: give --bench N too "
             "(without it serve schedules the cluster's pods)") in proc.stderr
@@ -695,10 +697,9 @@ def test_serve_bench_on_a_cluster_without_nodes_stops_before_scheduling(redis_se
     """Nothing to measure: a clear error, exit 1, no scheduler started, nothing left behind."""
     with SimApiServer(SimCluster(), token="tok-" + uuid.uuid4().hex) as srv:
         kc = srv.write_kubeconfig(str(tmp_path / "kubeconfig"))
-        proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kc, "--mode",
-                               "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
-                               "127.0.0.1", "--metrics-port", "0", "--bench", "50"], capture_output=True, text=True,
-                              timeout=120)
+        proc = run_cli(["serve", "--kubeconfig", kc, "--mode",
+                        "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
+                        "127.0.0.1", "--metrics-port", "0", "--bench", "50"], timeout=120)
         assert proc.returncode == 1
         assert "--bench: the cluster has no nodes (use --bench-nodes K to create some)" in proc.stderr
         assert "scheduling pods of" not in proc.stderr
@@ -717,10 +718,9 @@ def test_serve_bench_says_at_once_when_its_pods_cannot_all_fit(redis_server, tmp
         kc = srv.write_kubeconfig(str(tmp_path / "kubeconfig"))
 
         def bench(pods: int) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kc, "--mode",
-                                   "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
-                                   "127.0.0.1", "--metrics-port", "0", "--bench", str(pods)], capture_output=True,
-                                  text=True, timeout=120)
+            return run_cli(["serve", "--kubeconfig", kc, "--mode",
+                            "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--metrics-address",
+                            "127.0.0.1", "--metrics-port", "0", "--bench", str(pods)], timeout=120)
         proc = bench(50)
         assert proc.returncode == 1, proc.stderr[-3000:]
         assert ("--bench: only 0 of the 50 bench pods fit the nodes, shardsched would leave the rest pending: "
@@ -761,10 +761,10 @@ def test_serve_bench_without_its_own_nodes_uses_only_nodes_its_pods_may_go_onto(
     sim.bind_many = recording
     with SimApiServer(sim, token="tok-" + uuid.uuid4().hex) as srv:
         kc = srv.write_kubeconfig(str(tmp_path / "kubeconfig"))
-        proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kc, "--mode",
-                               "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--kube-api-qps", "0",
-                               "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "100", "-o", "json"],
-                              capture_output=True, text=True, timeout=300)
+        proc = run_cli(["serve", "--kubeconfig", kc, "--mode",
+                        "threads", "--redis-url", redis_server.url, "--no-leader-elect", "--kube-api-qps", "0",
+                        "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "100", "-o", "json"],
+                       timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["bound"] == 100 and [b["binds"] for b in report["api_baselines"]] == [100, 100]
@@ -776,10 +776,10 @@ def test_serve_bench_hints_and_an_incomplete_window(api_server, kubeconfig, redi
     """--bench-nodes too few for the pods: the hint names how many; a window cut by --bench-timeout
     before every pod was bound gives no ratio (exit 1)."""
     def serve_bench(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig,
-                               "--mode", "threads", "--redis-url", redis_server.url, "--no-leader-elect",
-                               "--kube-api-qps", "0", "--metrics-address", "127.0.0.1", "--metrics-port", "0", *args],
-                              capture_output=True, text=True, timeout=300)
+        return run_cli(["serve", "--kubeconfig", kubeconfig,
+                        "--mode", "threads", "--redis-url", redis_server.url, "--no-leader-elect",
+                        "--kube-api-qps", "0", "--metrics-address", "127.0.0.1", "--metrics-port", "0", *args],
+                       timeout=300)
 
     proc = serve_bench("--bench", "10001", "--bench-nodes", "1")
     assert proc.returncode == 1
@@ -940,11 +940,10 @@ def test_envtest_serve_bench(plane, redis_server):
     assert null["events_lag_s"] is None and null["ratio"] > 0
     check_server_cpu(null)
     # a namespace that does not exist is said before anything is made
-    proc = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig",
-                           plane.kubeconfig("admin"), "--mode", "threads", "--redis-url", redis_server.url,
-                           "--no-leader-elect", "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "10",
-                           "--bench-nodes", "1", "--bench-namespace", "nosuchns"], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_cli(["serve", "--kubeconfig",
+                    plane.kubeconfig("admin"), "--mode", "threads", "--redis-url", redis_server.url,
+                    "--no-leader-elect", "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--bench", "10",
+                    "--bench-nodes", "1", "--bench-namespace", "nosuchns"], timeout=120)
     assert proc.returncode == 1 and "--bench-namespace 'nosuchns': no such namespace" in proc.stderr, proc.stderr[-2000:]
     # the bench's Scheduled Events were deleted once the scheduler stopped (the field selector on
     # reportingComponent is served by the real API server)
