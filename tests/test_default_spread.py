@@ -7,14 +7,13 @@ scheduler with kube's default profile, the partial view of a shard, and ``simula
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 import yaml
 
 from builders import default_framework, node, pod, run_filter, run_score, table_of
+from forked_cli import run_cli
 from shardsched.api.podaffinity import LabelSelector
 from shardsched.api.workloads import SpreadSelectors, controller_of, workload_selector_of
 from shardsched.cache.node_table import NodeTable
@@ -249,12 +248,12 @@ def test_a_new_replica_set_changes_the_next_decision_of_a_cached_signature():
 def _simulate(tmp_path, docs: list[dict], config: dict | None = None) -> tuple[dict, str]:
     path = tmp_path / "in.yaml"
     path.write_text(yaml.safe_dump_all(docs))
-    args = [sys.executable, "-m", "shardsched.cli.main", "simulate", "-f", str(path), "-o", "json"]
+    args = ["simulate", "-f", str(path), "-o", "json"]
     if config is not None:
         cfg = tmp_path / "config.yaml"
         cfg.write_text(yaml.safe_dump(config))
         args += ["--config", str(cfg)]
-    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    run = run_cli(args, timeout=120)
     assert run.returncode == 0, run.stderr
     return {p["name"]: p for p in json.loads(run.stdout)["pods"]}, run.stderr
 
@@ -310,8 +309,7 @@ def test_cli_a_malformed_service_is_named_and_the_rest_runs(tmp_path):
                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
     path = tmp_path / "in.yaml"
     path.write_text(yaml.safe_dump_all(NODES + [bad, _pod_doc("w")]))
-    run = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "simulate", "-f", str(path), "-o", "json"],
-                         capture_output=True, text=True, timeout=120)
+    run = run_cli(["simulate", "-f", str(path), "-o", "json"], timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "in.yaml#5: invalid ReplicaSet: spec.selector.matchExpressions[0].values: In needs at least one value" \
         in run.stderr

@@ -7,8 +7,6 @@ sharded runtime's partial view), and ``shardsched simulate -o json`` end to end 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 from builders import default_framework, expr, node, pod, run_filter, run_score, table_of, term
+from forked_cli import run_cli
 from shardsched.api.objects import PodInfo
 from shardsched.api.podaffinity import LabelSelector
 from shardsched.cache.node_table import NodeTable, PodUsage
@@ -992,7 +991,6 @@ def test_cache_spread_signature_sees_pods_bound_elsewhere():
 
 
 # ======================================================================= end to end through the CLI
-CLI = [sys.executable, "-m", "shardsched.cli.main"]
 
 
 def _node_doc(name: str, zone: str | None = None) -> dict:
@@ -1010,8 +1008,7 @@ def _pod_doc(name: str, labels: dict, spec: dict | None = None, namespace: str =
 def simulate_json(tmp_path: Path, docs: list[dict]) -> dict:
     path = tmp_path / "in.yaml"
     path.write_text("\n---\n".join(json.dumps(d) for d in docs))  # JSON documents are YAML
-    run = subprocess.run(CLI + ["simulate", "-f", str(path), "-o", "json"], capture_output=True, text=True,
-                         timeout=120)
+    run = run_cli(["simulate", "-f", str(path), "-o", "json"], timeout=120)
     assert run.returncode == 0, run.stderr
     return {p["name"]: p for p in json.loads(run.stdout)["pods"]}
 

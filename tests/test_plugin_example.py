@@ -5,14 +5,13 @@ validation, and the example profile (deploy/config/node-label.yaml) scheduling t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from builders import node, pod, run_filter, run_score, table_of
+from forked_cli import run_cli
 from shardsched.config import parse_config, parse_plugin_args
 from shardsched.errors import ConfigError
 from shardsched.plugins.nodelabel import plugin as nodelabel
@@ -90,8 +89,7 @@ def manifest(kind: str, name: str, labels: dict | None = None, scheduler: str | 
 def simulate(tmp_path: Path, objects: list[dict]) -> dict:
     path = tmp_path / "in.yaml"
     path.write_text("\n---\n".join(json.dumps(o) for o in objects))
-    run = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "simulate", "-f", str(path),
-                          "--config", str(PROFILE), "-o", "json"], capture_output=True, text=True, timeout=120)
+    run = run_cli(["simulate", "-f", str(path), "--config", str(PROFILE), "-o", "json"], timeout=120)
     assert run.returncode == 0, run.stderr
     return {p["name"]: p for p in json.loads(run.stdout)["pods"]}
 

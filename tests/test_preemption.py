@@ -5,13 +5,12 @@ violations, the choice between nodes, eligibility and the messages."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from builders import default_framework, node, pod, table_of
+from forked_cli import run_cli
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.framework.status import Code
 from shardsched.plugins.defaultpreemption.plugin import (NO_VICTIMS, NOT_ELIGIBLE_NEVER, NOT_ELIGIBLE_TERMINATING,
@@ -206,8 +205,7 @@ def test_simulate_a_nominated_pod_holds_its_room_for_lower_priority_pods(tmp_pat
     RunFilterPluginsWithNominatedPods) and does not fit; the waiting preemptor is not in the node's
     usage."""
     (tmp_path / "in.yaml").write_text(NOMINATED_YAML)
-    run = subprocess.run([sys.executable, "-m", "shardsched.cli.main", "simulate", "-f", str(tmp_path / "in.yaml"),
-                          "-o", "json"], capture_output=True, text=True, timeout=120)
+    run = run_cli(["simulate", "-f", str(tmp_path / "in.yaml"), "-o", "json"], timeout=120)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     pods = {p["name"]: p for p in out["pods"]}
