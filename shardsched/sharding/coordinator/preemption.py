@@ -61,7 +61,7 @@ NOMINATION_TTL_MS = 60_000
 PREEMPTION_FAILED = "PreemptionFailed"
 
 #: outcomes of `Preemption.run`
-FITS, NOMINATED, WAITING, FAILED, ERROR = "fits", "nominated", "waiting", "failed", "error"
+FITS, NOMINATED, WAITING, FAILED = "fits", "nominated", "waiting", "failed"
 
 
 @dataclass
@@ -71,9 +71,8 @@ class Outcome:
     Attributes:
         kind: FITS (the pod fits ``node`` now: no preemption), NOMINATED (the pod nominated to
             ``node``, its victims to be deleted by `Preemption.flush`), WAITING (not eligible while
-            its victims terminate: it keeps its nomination on ``node``), FAILED (no node can be
-            freed; ``message`` has upstream's ``preemption: ...`` part) or ERROR (its node has no
-            live owner shard; retry after a backoff).
+            its victims terminate: it keeps its nomination on ``node``) or FAILED (no node can be
+            freed; ``message`` has upstream's ``preemption: ...`` part).
         node: the node for FITS, NOMINATED and WAITING.
         message: the FailedScheduling message of the attempt.
     """

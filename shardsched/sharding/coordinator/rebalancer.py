@@ -24,7 +24,7 @@ from shardsched.scheduler.algorithm import ScheduleResult
 from shardsched.sharding.coordinator.events import record_unschedulable
 from shardsched.cache.node_table import PodUsage
 from shardsched.sharding.coordinator.nominator import cluster_decision, needs_cluster_view, nominate, unnominate
-from shardsched.sharding.coordinator.preemption import FITS, NOMINATED, WAITING, ERROR, Preemption
+from shardsched.sharding.coordinator.preemption import FITS, NOMINATED, WAITING, Preemption
 from shardsched.sharding.coordinator.router import choose, shard_counts, slim
 from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
 from shardsched.sharding.protocols import BIND_CONFLICT, FENCED, Handoff
@@ -156,7 +156,12 @@ class Rebalancer:
         out = self.preemption.run(pod, failed)
         owner = state.owners.get(out.node) if out.node is not None else None
         if out.node is not None and (owner is None or not state.shards[owner].alive):
-            out.kind, out.message = ERROR, out.message or f"node {out.node} has no live owner shard"
+            # the node's owner is being replaced: retried after a backoff, no attempt counted
+            target = next((s.index for s in state.shards if s.alive), min(shard, len(state.shards) - 1))
+            t.shard = target
+            state.routed[target] += 1
+            retry[target].append(qpi)
+            return
         if out.kind == FITS and pod.uid not in state.preempting and not needs_cluster_view(state, pod):
             t.shard = owner
             state.routed[owner] += 1
@@ -178,14 +183,13 @@ class Rebalancer:
             static[owner] = 1
         elif static is None:
             _, static = shard_counts(state, pod)
-        self._give_up_round(t, qpi, out.message, static, shard, retry if out.kind == ERROR else park)
+        self._give_up_round(t, qpi, out.message, static, shard, park)
 
     def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, message: str, static: np.ndarray,
                        shard: int, park: dict[int, list]) -> None:
         """A round over the cluster found no node (``message``: kube's, over the whole cluster):
         one failed attempt (kube's FailureHandler); the pod waits among the unschedulable pods of
-        the shard with most matching nodes (``park``; or in its backoffQ when ``park`` is the
-        retries: a preemption's write failed)."""
+        the shard with most matching nodes (``park``)."""
         state = self.state
         t.rounds += 1
         t.unschedulable = True
