@@ -26,10 +26,11 @@ import tempfile
 import traceback
 from typing import Mapping, Sequence
 
-#: imported once by the fork server (each command then forks from it): simulate's and serve's
-#: modules (a module that fails to import is left to the command, which then says why)
+#: imported once by the fork server (each command then forks from it): simulate's, serve's and
+#: run's modules (a module that fails to import is left to the command, which then says why)
 PRELOAD = ["shardsched.cli.main", "shardsched.scheduler.simulate", "shardsched.metrics", "shardsched.kube.cluster",
-           "shardsched.kube.serving", "shardsched.kube.leader", "shardsched.bench.serve", "shardsched.sharding.shard"]
+           "shardsched.kube.serving", "shardsched.kube.leader", "shardsched.bench.serve", "shardsched.sharding.shard",
+           "shardsched.sharding.embedded"]
 
 _context = None
 
@@ -79,6 +80,13 @@ def _command(args: list[str], env: dict[str, str], cwd: str | None, out: str, er
             except Exception:
                 pass
     os._exit(code)
+
+
+def warm() -> None:
+    """Start the fork server and wait until it has imported `PRELOAD` (the first command waits
+    for that otherwise): for a test that times its command."""
+    done = run_cli(["--help"])
+    assert done.returncode == 0, done.stderr
 
 
 def run_cli(args: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None,

@@ -6,18 +6,15 @@ as their content when stdout is not a terminal."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
+from forked_cli import run_cli
 from shardsched.cli import PIPE_WIDTH
 from shardsched.cli.main import cli
 from shardsched.cli.run import _print_summary
 from shardsched.sharding.run_report import RunReport
-
-CLI = [sys.executable, "-m", "shardsched.cli.main"]
 
 
 @pytest.mark.parametrize("args, option, message", [
@@ -52,8 +49,8 @@ def test_a_metrics_port_in_use_is_said_before_anything_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(CLI + ["run", "--nodes", "2", "--pods", "2", "--metrics-port", str(port)],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        proc = run_cli(["run", "--nodes", "2", "--pods", "2", "--metrics-port", str(port)], timeout=120,
+                       cwd=str(tmp_path))
     assert proc.returncode == 1
     # one line, and nothing of Ray's start-up (its token note, its logs) before it
     assert proc.stderr == f"error: --metrics-port {port}: Address already in use (127.0.0.1:{port})\n", proc.stderr

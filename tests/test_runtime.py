@@ -26,6 +26,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from forked_cli import run_cli, warm
 from shardsched.cli.main import cli
 from shardsched.cli.run import _plot, _print_summary, _trace_replay
 from shardsched.config import load_config
@@ -464,9 +465,10 @@ def _free_port() -> int:
 ], ids=["redis", "ray"])
 def test_run_says_in_one_line_that_redis_or_ray_does_not_answer(flag, value, tmp_path):
     """Checked before Ray starts (Redis) or before Ray retries for minutes (its address)."""
+    warm()
     started = time.monotonic()
-    proc = subprocess.run(CLI + ["run", "--nodes", "2", "--pods", "2", flag, value.format(port=_free_port())],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    proc = run_cli(["run", "--nodes", "2", "--pods", "2", flag, value.format(port=_free_port())], timeout=60,
+                   cwd=str(tmp_path))
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"error: {flag}") and proc.stderr.count("\n") == 1, proc.stderr
     assert time.monotonic() - started < 15
