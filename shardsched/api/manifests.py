@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+import functools
 import json
 import random
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import kubernetes_validate
+import kubernetes_validate.utils
 import numpy as np
 import yaml
 
@@ -199,6 +201,13 @@ def _documents(path: Path) -> Iterator[tuple[str, Any]]:
                 yield f"{where}.items[{j}]", item
         else:
             yield where, doc
+
+
+# kubernetes-validate reads and parses its schema files (the definitions are megabytes of JSON) on
+# every call, 0.1-0.2 s per object; a manifest whose objects all differ (a StatefulSet's claims and
+# pods, one PersistentVolume per disk) spent minutes there. The files never change: read each once.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=64)(kubernetes_validate.utils.schema_contents)
+kubernetes_validate.utils.all_versions = functools.lru_cache(maxsize=1)(kubernetes_validate.utils.all_versions)
 
 
 class _SchemaCheck:
