@@ -783,11 +783,26 @@ def test_background_binding_cycles_bind_each_pod_once_and_retire_waits_for_them(
 def test_adaptive_batches_start_small_and_grow_while_the_api_server_binds(ledger):
     """With background binding cycles the adaptive batch starts at START_BATCH pods, so the first
     binds of a burst go out after a short scheduling cycle, then doubles the pods still binding;
-    without them (the simulated run) a batch is the whole active queue up to max_batch_size."""
-    cluster = cluster_of(16, 1000, node_cpu="64", faults=FaultConfig(bind_latency_s=0.5))
+    without them (the simulated run) a batch is the whole active queue up to max_batch_size.
+    The API server answers no bind until the last pods are popped, however slow the machine."""
+    cluster = cluster_of(16, 1000, node_cpu="64")
     publish(ledger, cluster, A)
     rebalancer = RecordingRebalancer()
     shard = new_shard(ledger, cluster, rebalancer, binding_cycles=2)
+    answer, real_bind = threading.Event(), cluster.bind_many
+
+    def held_bind(bindings):
+        answer.wait(30)
+        return real_bind(bindings)
+
+    def answer_once_all_popped():
+        deadline = time.monotonic() + 30
+        while shard.queue.pending_counts()["active"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answer.set()
+
+    cluster.bind_many = held_bind
+    threading.Thread(target=answer_once_all_popped, daemon=True).start()
     sizes = [shard.step(), shard.step(), shard.step()]  # the third waits for the first cycle's binds
     assert sizes == [START_BATCH, 2 * START_BATCH, 1000 - 3 * START_BATCH]
     shard.stop()
