@@ -153,6 +153,19 @@ class AuditedSimCluster(SimClusterHost):
             return out
 
     # ------------------------------------------------------------------ chaos controls
+    def bound_per_pod_label(self, key: str) -> dict[str, int]:
+        """Value of pod label ``key`` -> our non-terminal pods with it that are bound (every value
+        of our pods, 0 included): per gang, its bound members."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for p in self._pods.values():
+                value = (p["metadata"].get("labels") or {}).get(key)
+                if value is None or p["spec"].get("schedulerName") != SCHEDULER_NAME:
+                    continue
+                bound = bool(p["spec"].get("nodeName")) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                out[value] = out.get(value, 0) + bound
+            return out
+
     def set_faults(self, faults: FaultConfig) -> None:
         with self._lock:
             self._faults = faults

@@ -35,6 +35,7 @@ from chaos.rival import Rival
 from chaos.scenario import Scenario
 from chaos.verdict import Verdict, build_verdict
 from shardsched.api.quantity import canonical_quantity
+from shardsched.api.podgroup import POD_GROUP_LABEL
 from shardsched.config import load_config
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import MAX_CONCURRENCY
@@ -58,6 +59,13 @@ apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 profiles:
 - schedulerName: {SCHEDULER_NAME}
+"""
+#: the profile of a workload of gangs: Coscheduling sorts the queue and holds each gang together
+GANG_CONFIG = CONFIG + """\
+  plugins:
+    multiPoint:
+      enabled: [{name: Coscheduling}]
+      disabled: [{name: PrioritySort}]
 """
 SAMPLE_S = 0.25
 SHARD_POLL_S = 1.0
@@ -111,6 +119,9 @@ class ChaosRun(EmbeddedRun):
             pod["spec"]["topologySpreadConstraints"] = [{
                 "maxSkew": s.workload.zone_spread_max_skew, "topologyKey": ZONE_LABEL,
                 "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": SPREAD_APP}}}]
+        size = s.workload.gang_size
+        for i, pod in enumerate(pods if size else ()):
+            pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = f"gang-{i // size}"
         rate = s.workload.arrival_rate_per_s
         workload = [(i / rate if rate else 0.0, None, p) for i, p in enumerate(pods)]
         actions = {f.action for f in s.faults}
@@ -122,7 +133,7 @@ class ChaosRun(EmbeddedRun):
                                      binding_cycles=s.shards.binding_cycles, seed=s.seed)
         options = RunOptions(shards=s.shards.count, shard_options=shard_options, redis_url=redis_url,
                              faults=s.binds.fault_config(), seed=s.seed, timeout_s=s.duration_s)
-        super().__init__(load_config(CONFIG), nodes, workload, options, on_progress)
+        super().__init__(load_config(GANG_CONFIG if size else CONFIG), nodes, workload, options, on_progress)
         #: fault proxies in front of Redis ("shards", "coordinator"), with redis.proxy
         self.proxies: dict[str, FaultProxy] = {}
         self.direct_redis_url = redis_url or ""  # the auditor's and the checks' way to Redis
@@ -138,6 +149,7 @@ class ChaosRun(EmbeddedRun):
         self.t0_wall = 0.0
         self.settled = False
         self.ledger_check: dict[str, Any] = {}
+        self.gang_counts: dict[str, int] = {}
         self.tracked_keys: set[str] = set()
         self.unbound_keys: list[str] = []
         self.audit: dict[str, Any] = {}
@@ -198,6 +210,9 @@ class ChaosRun(EmbeddedRun):
     # ------------------------------------------------------------------ following the run
     def _follow(self, report: RunReport, t0: float, feeder: threading.Thread) -> None:
         self.t0_wall = time.time() - (time.monotonic() - t0)
+        size = self.scenario.workload.gang_size
+        for g in range(self.scenario.workload.pods // size if size else 0):  # members created first wait for it
+            ray.get(self.cluster.create_pod_group.remote({"metadata": {"name": f"gang-{g}"}, "spec": {"minMember": size}}))
         faults = threading.Thread(target=self._run_faults, args=(t0,), name="chaos-faults", daemon=True)
         faults.start()
         last_poll = 0.0
@@ -282,6 +297,8 @@ class ChaosRun(EmbeddedRun):
         self.ledger_check = self._check_ledger()
         self.audit = ray.get(self.cluster.audit.remote())
         self.zone_counts = ray.get(self.cluster.bound_per_label.remote(ZONE_LABEL)) if self.scenario.cluster.zones else {}
+        self.gang_counts = (ray.get(self.cluster.bound_per_pod_label.remote(POD_GROUP_LABEL))
+                            if self.scenario.workload.gang_size else {})
 
     def _check_ledger(self) -> dict[str, Any]:
         """docs/design.md invariant 5: every node's usage in the ledger equals its bound pods' requests

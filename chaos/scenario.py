@@ -37,6 +37,7 @@ INVARIANTS = {
     "shard_recovery": "4. a killed shard's pods are bound elsewhere within lease TTL + 5 s",
     "ledger_converges": "5. the Redis ledger equals the cluster's truth after the faults",
     "spread_holds": "6. pods with a DoNotSchedule zone spread end within its maxSkew (when the workload has one)",
+    "gangs_whole": "7. every gang ends fully bound or with no member bound (when the workload has gangs)",
 }
 
 
@@ -74,6 +75,9 @@ class WorkloadSpec(_Model):
     #: every pod gets a DoNotSchedule spread over the zones with this maxSkew (None: none); no
     #: shard can check it alone, so the coordinator nominates each pod's node
     zone_spread_max_skew: int | None = Field(None, ge=1)
+    #: the pods form gangs of this many (PodGroups with minMember = gang_size, their profile with
+    #: Coscheduling, docs/gangs.md); ``pods`` must be a multiple of it (None: no gangs)
+    gang_size: int | None = Field(None, ge=1)
 
 
 class ShardsSpec(_Model):
@@ -272,6 +276,8 @@ class Scenario(_Model):
         needs_proxy = {"redis-latency", "partition-redis"} & {f.action for f in self.faults}
         if needs_proxy and not self.redis.proxy:
             raise ValueError(f"{', '.join(sorted(needs_proxy))} needs redis.proxy: true")
+        if self.workload.gang_size is not None and self.workload.pods % self.workload.gang_size:
+            raise ValueError("workload.pods must be a multiple of workload.gang_size")
         if self.workload.zone_spread_max_skew is not None and self.cluster.zones < 1:
             raise ValueError("workload.zone_spread_max_skew needs cluster.zones >= 1")
         return self

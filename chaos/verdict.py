@@ -298,6 +298,15 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
         data["zone_spread"]["checked"] = run.settled
         if "spread_holds" in wanted and run.settled and data["zone_spread"]["skew"] > skew:
             v.append(f"spread_holds: bound pods per zone {counts} differ by more than maxSkew {skew}")
+    size = s.workload.gang_size
+    if size is not None:
+        counts = run.gang_counts
+        partial = sorted(g for g, n in counts.items() if 0 < n < size)
+        data["gangs"] = {"size": size, "count": len(counts), "whole": sum(1 for n in counts.values() if n == size),
+                         "none_bound": sum(1 for n in counts.values() if n == 0), "partial": partial,
+                         "checked": run.settled}
+        if "gangs_whole" in wanted and run.settled and partial:
+            v.append(f"gangs_whole: {len(partial)} gangs partly bound: {', '.join(partial[:10])}")
     flat: dict[str, float] = {}
     _flatten("", data, flat)
     exercised = {}
