@@ -627,3 +627,31 @@ def test_kube_backend_without_storage_watch_keeps_its_kinds(simapi_spec):
         assert PV_KIND not in kc.capabilities.kinds
     finally:
         kc.stop()
+
+
+def test_simulate_a_gang_that_fails_whole_gives_back_its_volumes(tmp_path):
+    """A gang of two (Coscheduling) whose second member fits nowhere: the first member is not
+    placed, and the local PV it had taken is free again for the pod after it."""
+    from pathlib import Path
+    config = Path(__file__).resolve().parent.parent / "deploy" / "config" / "coscheduling.yaml"
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "train", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+             "spec": {"minMember": 2}}
+
+    def member(name, claim, cpu, created):
+        p = dict(claiming(claim, name=name))
+        p["metadata"] = {"name": name, "namespace": "default", "creationTimestamp": created,
+                         "labels": {"scheduling.x-k8s.io/pod-group": "train"}}
+        p["spec"] = {**p["spec"], "schedulerName": "gang-scheduler"}
+        p["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+        return p
+
+    later = dict(claiming("c", name="later"))
+    later["metadata"]["creationTimestamp"] = "2026-01-01T00:00:09Z"
+    later["spec"]["schedulerName"] = "gang-scheduler"
+    path = manifests(tmp_path, *sim_nodes(), sc(), pv("only", host="n1"), pvc("a"), pvc("b"), pvc("c"), group,
+                     member("train-0", "a", "1", "2026-01-01T00:00:01Z"),
+                     member("train-1", "b", "64", "2026-01-01T00:00:02Z"), later)
+    got = outcomes(simulate([path], config))
+    assert got["train-0"][:2] == ("Unschedulable", None)
+    assert got["later"][:2] == ("Scheduled", "n1")

@@ -166,8 +166,10 @@ class _Gangs:
     """The gangs of one simulation (module docstring): each group decided after its last pending
     member's attempt."""
 
-    def __init__(self, table: NodeTable, groups: PodGroupCache, pending: list[PodInfo]) -> None:
+    def __init__(self, table: NodeTable, groups: PodGroupCache, pending: list[PodInfo],
+                 unreserve: Callable[[PodInfo], None]) -> None:
         self.table = table
+        self.unreserve = unreserve  # undoes a placed member's Reserve (its assumed volumes)
         self.groups = groups
         self.last: dict[str, str] = {}  # group key -> uid of its last pending member in queue order
         for pod in pending:
@@ -195,6 +197,7 @@ class _Gangs:
             why += f"; {failed[0].key}: {failed[1].reason}"
         for p, o in outcomes:
             if o.status == SCHEDULED:
+                self.unreserve(p)
                 self.table.remove_pod(p.uid)
                 o.node, o.status, o.reason = None, UNSCHEDULABLE, why
             elif o.status == UNSCHEDULABLE and o.plugin != COSCHEDULING:
@@ -312,7 +315,13 @@ def simulate(paths: list[str | Path], config_path: str | Path | None = None, see
 
     unknown_scheduler: Counter[str] = Counter()
     preemptions = _Preemptions(table, report, {p.uid: p.grace_period_s for _, p in pods if p.bound})
-    gangs = _Gangs(table, handle.pod_groups, [p for _, p in pending])
+    def unreserve(pod: PodInfo) -> None:
+        sched = schedulers.get(pod.scheduler_name, default)
+        for plugin in reversed(sched.framework.reserve_plugins):
+            if plugin.name != COSCHEDULING:  # the gang's own bookkeeping is this class's
+                plugin.unreserve(CycleState(), [pod], [""])
+
+    gangs = _Gangs(table, handle.pod_groups, [p for _, p in pending], unreserve)
     for done, (_, pod) in enumerate(pending):
         if progress is not None:
             progress(done, len(pending))

@@ -193,6 +193,10 @@ class VolumeBinding(FilterPlugin, ReservePlugin, PreBindPlugin):
         self.bind_timeout_s = bind_timeout_s
         self.handle = handle or Handle()
         self._clock, self._sleep = clock, sleep
+        #: pod uid -> (catalog keys assumed, writes for PreBind), from Reserve until Unreserve or a
+        #: successful PreBind; upstream keeps them in the cycle state, kept here so that whoever
+        #: undoes a placement later (a gang that fails whole in simulate) needs no cycle state
+        self._assumed: dict[str, tuple[list, list]] = {}
 
     # ------------------------------------------------------------------ scheduling cycle
     def pre_filter(self, state: CycleState, pod: PodInfo, table: NodeTable) -> Status:
@@ -248,7 +252,7 @@ class VolumeBinding(FilterPlugin, ReservePlugin, PreBindPlugin):
                 catalog.assume_provisioning(claim, node)
                 keys.append((PVC, claim.key))
                 writes.append(("provision", node, claim))
-        state[f"{NAME}/{pod.uid}"] = (keys, writes)
+        self._assumed[pod.uid] = (keys, writes)
         return Status.success()
 
     def unreserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
@@ -256,14 +260,18 @@ class VolumeBinding(FilterPlugin, ReservePlugin, PreBindPlugin):
         if table is None or table.volumes is None:
             return
         for pod in pods:
-            keys, _ = state.pop(f"{NAME}/{pod.uid}", ((), ()))
+            keys, _ = self._assumed.pop(pod.uid, ((), ()))
             table.volumes.restore(keys)
 
     def pre_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
-        return [self._pre_bind_one(state, pod) for pod in pods]
+        out = [self._pre_bind_one(state, pod) for pod in pods]
+        for pod, st in zip(pods, out):
+            if st.is_success():  # written: the cluster's objects replace the assumption
+                self._assumed.pop(pod.uid, None)
+        return out
 
     def _pre_bind_one(self, state: CycleState, pod: PodInfo) -> Status:
-        _, writes = state.get(f"{NAME}/{pod.uid}", ((), ()))
+        _, writes = self._assumed.get(pod.uid, ((), ()))
         client = self.handle.volume_client
         if not writes or client is None:
             return Status.success()
