@@ -67,7 +67,7 @@ def burst(n: int, cpu: str = "500m", prefix: str = "pod-") -> list[tuple[float, 
 
 
 def run(redis_server, nodes: list[dict], workload: list, on_progress=None, **options: Any) -> RunReport:
-    options.setdefault("timeout_s", 60.0)
+    options.setdefault("timeout_s", 180.0)  # a cap: a loaded machine starts the actors slowly
     return EmbeddedRun(CONFIG, nodes, workload, RunOptions(redis_url=redis_server.url, **options),
                        on_progress=on_progress).run()
 
@@ -354,7 +354,7 @@ class Deployment:
                 self.ray.kill(a, no_restart=True)
 
     def ask(self, method, *args: Any) -> Any:
-        return self.ray.get(method.remote(*args), timeout=30)
+        return self.ray.get(method.remote(*args), timeout=120)  # a cap: start creates the shard actors
 
     def create(self, pods: list[dict]) -> None:
         self.ask(self.cluster.create_pods, pods)
