@@ -81,8 +81,9 @@ def test_kube_like_always_uses_the_adaptive_percentage(source):
     ("PreemptionBasic/5000Nodes", perf.RUN, None),
     ("SchedulingDeletedPodsWithFinalizers/5000Node_5000DeletingPods", perf.SKIP, "deletePods"),
     ("SchedulingBasic/5000Nodes_50000Pods_AsyncAPICallsEnabled", perf.SKIP, "feature gates"),
+    ("DefaultTopologySpreading/5000Nodes_50000Pods", perf.RUN, None),
 ], ids=["basic", "inclusion-policy", "mixed-churn", "pod-affinity", "preemption", "preemption-5000-built-in",
-        "delete-op", "gate-variant"])
+        "delete-op", "gate-variant", "default-spreading"])
 def test_perf_catalog_says_what_runs_and_why_not(workload, status, reason):
     entry = next(c for c in perf.catalog(perf.load_workloads()) if c["workload"] == workload)
     assert entry["status"] == status
@@ -98,6 +99,19 @@ def test_perf_plan_stamps_templates_and_defaults_allocatable():
     extended = [n for n in p.nodes if "node-with-extended-resource" in n["metadata"].get("labels", {})]
     assert extended[3]["status"]["allocatable"]["foo.com/bar-3"] == 1
     assert p.measured[3]["spec"]["containers"][0]["resources"]["requests"] == {"foo.com/bar-3": 1}
+
+
+def test_perf_plan_puts_create_any_services_beside_the_nodes_and_spreads_init_pods_by_them():
+    """DefaultTopologySpreading's createAny: a Service in service-ns selecting app=scheduler-perf,
+    the measured pods' label; the init pods (another namespace) are placed without it."""
+    w = next(w for w in perf.load_workloads() if w.full_name == "DefaultTopologySpreading/5Nodes")
+    p = perf.plan(w, perf._Templates(), "default-scheduler")
+    [svc] = p.spread_selectors
+    assert (svc["kind"], svc["metadata"]["namespace"], svc["spec"]["selector"]) == (
+        "Service", "service-ns", {"app": "scheduler-perf"})
+    assert svc["metadata"]["name"] and "generateName" not in svc["metadata"]
+    assert {m["metadata"]["namespace"] for m in p.measured} == {"service-ns"}
+    assert perf.place_init_pods(load_config(None), p.nodes, p.init_pods, 0, p.spread_selectors) == 0
 
 
 # ------------------------------------------------------------------------------------ with Ray
@@ -144,10 +158,11 @@ def test_field_paced_load_creates_the_pods_at_the_rate(ray_session):
 def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
                                         "PreemptionBasic/5Nodes", "PreemptionAsync/5Nodes",
-                                        "SchedulingDeletedPodsWithFinalizers/10Node_100DeletingPods"], timeout_s=120)
+                                        "SchedulingDeletedPodsWithFinalizers/10Node_100DeletingPods",
+                                        "DefaultTopologySpreading/5Nodes"], timeout_s=120)
     results, cat = perf.run(params)
-    basic, unsched, preempt, preempt_async, skipped = results
-    for r, init in ((basic, 5), (unsched, 1)):
+    basic, unsched, preempt, preempt_async, skipped, spread = results
+    for r, init in ((basic, 5), (unsched, 1), (spread, 10)):  # spread: its Service put into the cluster
         m = r.measurement
         assert r.status == perf.RUN and r.init_pods == init and r.nodes == 5
         assert m.bound == m.pods == 10 and m.invariants_ok and not m.errors
@@ -159,7 +174,7 @@ def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     assert m.bound == m.pods == 5 and m.invariants_ok and preempt_async.churn_objects >= 1
     assert skipped.status == perf.SKIP and skipped.measurement is None
     data = _roundtrip(perf.to_json(results, cat, params, machine()))
-    assert [w["status"] for w in data["workloads"]] == ["run", "run", "run", "run", "skipped"]
+    assert [w["status"] for w in data["workloads"]] == ["run", "run", "run", "run", "skipped", "run"]
     assert data["workloads"][2]["victims_per_preemptor"] == 3.0
     assert any(c["workload"].startswith("SchedulingPodAffinity/") for c in data["not_run"])
     assert "PreemptionBasic" in perf.markdown(results, cat, params)

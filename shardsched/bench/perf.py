@@ -21,6 +21,9 @@ follow upstream's ``scheduler_perf.go``:
 - ``churn``: started with the measured pods and stopped when they are all bound (upstream stops it
   at the end of the workload): ``create`` makes one object per template every interval,
   ``recreate`` replaces the previous one (delete, then create);
+- ``createAny`` of a Service, ReplicationController, ReplicaSet or StatefulSet: put into the
+  simulated cluster with the nodes (PodTopologySpread's default constraints read its selector);
+  of another kind: the workload is skipped;
 - ``createNamespaces`` and ``barrier``: nothing to do here (the simulated cluster needs no
   namespace objects; ops already run in order).
 
@@ -55,6 +58,7 @@ from typing import Any
 import yaml
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, workload_selector_of
 from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_early, fmt_bytes, fmt_rate, fmt_s,
                                       markdown_table, run_embedded)
 from shardsched.cache.node_table import NodeTable
@@ -133,7 +137,8 @@ DEFAULT_WORKLOADS = (
 )
 
 RUN, PARTIAL, SKIP = "run", "partial", "skipped"
-_OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier"}
+_OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier", "createAny"}
+_CREATE_ANY_KEYS = {"opcode", "templatePath", "namespace"}
 _CREATE_NODES_KEYS = {"opcode", "count", "countParam", "nodeTemplatePath", "labelNodePrepareStrategy"}
 _CREATE_PODS_KEYS = {"opcode", "count", "countParam", "podTemplatePath", "collectMetrics", "namespace",
                      "skipWaitToCompletion", "signatureBatchSizeParam"}
@@ -299,6 +304,8 @@ class Plan:
     init_pods: list[dict] = field(default_factory=list)
     measured: list[dict] = field(default_factory=list)
     churn: list[Churn] = field(default_factory=list)
+    #: Services, ReplicationControllers, ReplicaSets, StatefulSets of ``createAny`` ops
+    spread_selectors: list[dict] = field(default_factory=list)
 
 
 def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
@@ -338,6 +345,18 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
             skip.append(f"op {code} is not supported by this runner")
             continue
         if code in ("createNamespaces", "barrier"):
+            continue
+        if code == "createAny":
+            path = templates.path(w.case.base, op.get("templatePath") or "")
+            kind = templates.get(path).get("kind")
+            if set(op) - _CREATE_ANY_KEYS or kind not in SPREAD_SELECTOR_KINDS:
+                skip.append(f"createAny of a {kind} is not supported by this runner")
+                continue
+            if build:
+                obj = templates.stamp(path, len(p.spread_selectors))
+                _name(obj, f"{kind.lower()}-", len(p.spread_selectors))
+                obj["metadata"]["namespace"] = op.get("namespace") or f"namespace-{i}"
+                p.spread_selectors.append(obj)
             continue
         if code == "createNodes":
             extra = set(op) - _CREATE_NODES_KEYS
@@ -438,11 +457,14 @@ def catalog(workloads: list[Workload], scheduler_name: str = "default-scheduler"
 
 # ---------------------------------------------------------------------------------- running
 
-def place_init_pods(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int) -> int:
-    """Bind the init pods in place (``spec.nodeName``) with the decision path over ``nodes``; returns
-    how many did not fit (left unbound: they would stay pending upstream too)."""
+def place_init_pods(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int,
+                    spread_selectors: list[dict] = ()) -> int:
+    """Bind the init pods in place (``spec.nodeName``) with the decision path over ``nodes`` (and the
+    default spreading selectors of ``spread_selectors``); returns how many did not fit (left
+    unbound: they would stay pending upstream too)."""
     table = NodeTable(len(nodes))
     table.add_nodes(NodeInfo.from_object(n) for n in nodes)
+    table.set_spread_selectors([workload_selector_of(o) for o in spread_selectors])
     schedulers = build_schedulers(config, table, seed)
     default = next(iter(schedulers.values()))
     missed = 0
@@ -629,7 +651,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
              ray_session: RaySession, progress: Progress) -> PerfResult:
     scheduler_name = config.profiles[0].scheduler_name
     p = plan(w, templates, scheduler_name, params.seed)
-    unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed)
+    unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed, p.spread_selectors)
     init = [pod for pod in p.init_pods if pod["spec"].get("nodeName")]
     # init pods at t=0, the measured ones in one later call (the runtime's timed feeder), so that
     # they share one creation time and the window is exactly creation -> last bind
@@ -642,6 +664,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
         workload.append((tail_s, None, _sentinel(p.nodes[0]["metadata"]["name"], scheduler_name)))
     churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured))
     options = ray_session.options(shards=params.shards, seed=params.seed, timeout_s=params.timeout_s,
+                                  spread_selectors=p.spread_selectors,
                                   shard_options=ShardOptions(batch_size=params.batch_size,
                                                              max_batch_size=params.max_batch_size, seed=params.seed))
 

@@ -106,6 +106,7 @@ class EmbeddedRun:
         self.cluster = self.feeder.cluster = self._new_cluster()
         self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
+        ray.get([self.cluster.put_spread_selector.remote(obj) for obj in o.spread_selectors])
         self._start_coordinator(adopt=False)
         self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
         if o.metrics_port:

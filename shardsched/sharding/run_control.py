@@ -109,3 +109,6 @@ class RunOptions:
     autoscaler: AutoscalerOptions | None = None
     #: the coordinator's Ray actor name (``shardsched scale`` finds it); None = unnamed
     coordinator_name: str | None = COORDINATOR_NAME
+    #: Services, ReplicationControllers, ReplicaSets and StatefulSets put into the simulated cluster
+    #: with the nodes (`SimCluster.put_spread_selector`): PodTopologySpread's default selectors
+    spread_selectors: list[dict] = field(default_factory=list)
