@@ -29,11 +29,13 @@ def gpu_node(name: str, gpus: int, model: str = "T4", cpu: str = "32") -> object
 
 
 def share(name: str, milli: int, cpu: str = "1") -> object:
-    return pod(name, cpu=cpu, memory="1Gi", requests={GPU_MILLI_RESOURCE: str(milli)})
+    gpu = {GPU_MILLI_RESOURCE: str(milli)}
+    return pod(name, cpu=cpu, memory="1Gi", requests=gpu, limits=dict(gpu))
 
 
 def whole(name: str, n: int, cpu: str = "1") -> object:
-    return pod(name, cpu=cpu, memory="1Gi", requests={GPU_RESOURCE: str(n), GPU_MILLI_RESOURCE: str(n * MILLI)})
+    gpu = {GPU_RESOURCE: str(n), GPU_MILLI_RESOURCE: str(n * MILLI)}
+    return pod(name, cpu=cpu, memory="1Gi", requests=gpu, limits=dict(gpu))
 
 
 @pytest.mark.parametrize("requests,expected", [
@@ -194,3 +196,21 @@ def test_no_device_ever_exceeds_1000(requests, strategy):
                 assert len(set(u.devices)) == u.gpu.count
                 used[list(u.devices)] += u.gpu.milli
         assert (used <= MILLI).all() and (used + free[slot] == np.where(np.arange(free.shape[1]) < s.table.devices.count[slot], MILLI, 0)).all()
+
+
+def test_simulate_reports_the_devices_of_each_pod(tmp_path):
+    """Two 600-thousandth shares on a 2-GPU node take one device each; the third fits no device
+    (800 free in sum); whole GPUs take wholly free devices."""
+    import yaml
+
+    from shardsched.scheduler.simulate import simulate
+
+    docs = [gpu_node("g", 2)] + [share(f"s{i}", 600) for i in range(3)] + [whole("w", 1)]
+    path = tmp_path / "in.yaml"
+    path.write_text(yaml.safe_dump_all([dict(d) for d in docs]))
+    report = simulate([path], "deploy/config/gpu-share.yaml")
+    assert not report.errors
+    by_name = {p.name: p for p in report.pods}
+    assert sorted(by_name[f"s{i}"].to_json().get("devices", [None])[0] for i in range(2)) == [0, 1]
+    assert by_name["s2"].status == "Unschedulable" and "no GPU device with enough free" in by_name["s2"].reason
+    assert by_name["w"].status == "Unschedulable" and "devices" not in by_name["w"].to_json()

@@ -19,6 +19,7 @@ def bench() -> None:
     preemption DefaultPreemption's PostFilter alone, vectorized and per node, one process
     field      the field report's table: kube-like baseline, single, batch-10, batch-auto, shards-N
     perf       kube-scheduler's scheduler_perf workloads, with their throughput thresholds
+    gpu-frag   GPU fragmentation on the Alibaba openb trace (FGD's experiment), per policy
     scaling    throughput and P99 vs nodes and shards, pods/s vs batch size
     gangs      the coordinator deciding and holding gangs (PodGroups), one process
 
@@ -345,3 +346,87 @@ def gangs(nodes: int, shards: int, workloads: str, output: str) -> None:
         click.echo(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
         return
     click.echo(mod.markdown(results))
+
+
+def _seed_range(ctx, param, value):
+    if value is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in value.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    except ValueError:
+        raise click.BadParameter(f"expected seeds as 42-51 or 1,2,5, got {value!r}") from None
+    if not out:
+        raise click.BadParameter("no seed given")
+    return out
+
+
+@bench.command("gpu-frag")
+@click.option("--pod-list", default="default", show_default=True, metavar="NAME",
+              help="Pod list of the openb trace: default, gpushare40, gpuspec33, multigpu50, cpu050, or a CSV file.")
+@click.option("--policy", type=click.Choice(["random", "bestfit", "packing", "dotprod", "fgd", "fgd-bestfit"]),
+              default="fgd-bestfit", show_default=True,
+              help="Placement policy (GPUDevice's scoring strategies); fgd-bestfit is the one recommended.")
+@click.option("--seeds", default="42-51", show_default=True, callback=_seed_range,
+              help="Seeds of the runs (shuffle, inflation, tie-breaks): a range 42-51 or a list.")
+@click.option("--seed", type=int, help="One run with this seed (instead of --seeds).")
+@click.option("--placements-out", type=click.Path(dir_okay=False),
+              help="With --seed: write one JSON line per pod in submission order (name, requests, node, devices).")
+@click.option("--nodes-file", type=click.Path(dir_okay=False, exists=True),
+              help="Node list CSV (default: the 1,213 GPU nodes of openb_node_list_gpu_node.csv).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the allocation curves as a PNG.")
+@click.option("--save-json", type=click.Path(dir_okay=False), help="Also write the JSON result to this file.")
+@click.option("-o", "--output", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+def gpu_frag(pod_list: str, policy: str, seeds: list[int], seed: int | None, placements_out: str | None,
+             nodes_file: str | None, plot_path: str | None, save_json: str | None, output: str) -> None:
+    """Unallocated GPU at 100% and 130% of arrival, after Weng et al. (USENIX ATC '23).
+
+    \b
+    The 1,213 GPU nodes of the openb trace (pods capacity 1001); the pod list sorted by name,
+    shuffled with the seed, inflated to 130% of the cluster's GPU capacity with clones named
+    <name>-tuned-<i>; one attempt per pod, nothing deleted. Reports the unallocated share of the
+    GPU capacity when the arrived demand reaches 100% and 130% (mean and sd over the seeds) beside
+    the paper's published value.
+    """
+    from shardsched.bench import gpufrag
+    from shardsched.sim.trace import TraceError
+
+    if placements_out and seed is None:
+        raise click.UsageError("--placements-out needs --seed (one run)")
+    try:
+        nodes, pods, skipped = gpufrag.load(pod_list, nodes_file)
+    except TraceError as e:
+        _fail(e)
+    for line in skipped:
+        click.echo(f"skipped {line}", err=True)
+    problems: list[str] = []
+    results = [gpufrag.run_one(nodes, pods, pod_list, policy, s, placements_out if seed is not None else None,
+                               problems if i == 0 else None)
+               for i, s in enumerate([seed] if seed is not None else seeds)]
+    for line in problems:
+        click.echo(f"never placeable: {line}", err=True)
+    summary = gpufrag.summarize(results)
+    data = {"summary": summary, "runs": [r.to_json() for r in results], "skipped_rows": skipped,
+            "never_placeable": problems}
+    if plot_path:
+        data["plot"] = gpufrag.plot(plot_path, results)
+    if save_json:
+        with open(save_json, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    def cell(v):
+        return "" if v is None else f"{v:.2f}"
+
+    click.echo("| pod list | policy | seeds | unallocated GPU % at 100% | at 130% | paper, this policy | "
+               "paper, FGD | ms per decision |")
+    click.echo("|---|---|---|---:|---:|---:|---:|---:|")
+    click.echo(f"| {pod_list} | {policy} | {len(results)} | {summary['unallocated_100%_mean']:.2f} ± "
+               f"{summary['unallocated_100%_sd']:.2f} | {summary['unallocated_130%_mean']:.2f} ± "
+               f"{summary['unallocated_130%_sd']:.2f} | {cell(summary['paper_100%'])} | "
+               f"{cell(summary['paper_fgd_100%'])} | {summary['decision_ms_mean']:.3f} |")
+    if plot_path:
+        click.echo(f"plot: {plot_path}")

@@ -88,6 +88,10 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Replay a pod list of the Alibaba GPU trace (CSV) instead of the burst.")
 @click.option("--trace-nodes", type=click.Path(dir_okay=False),
               help="Node list of the Alibaba GPU trace (CSV); required with --trace.")
+@click.option("--gpu-aggregate", is_flag=True,
+              help="With --trace and no --config: count GPUs per node in aggregate (alibabacloud.com/gpu-milli "
+                   "summed over the node's devices), a relaxation that lets a share straddle two devices; the "
+                   "default checks each device (the GPUDevice plugin, docs/gpu.md).")
 @click.option("--trace-limit", type=click.IntRange(1), default=None,
               help="With --trace: replay only the first N trace pods.")
 @click.option("--time-scale", type=FiniteFloat(0, min_open=True), default=None,
@@ -192,8 +196,11 @@ def _prepare(kw: dict):
     from shardsched.sim.cluster import FaultConfig
 
     try:
-        config = load_config(kw["config_path"])
+        config = load_config(_config_source(kw))
         nodes, workload, notes = _workload(kw, config.profiles[0].scheduler_name)
+        if kw["trace_pods"] and not any(p.name == "GPUDevice" for p in config.profiles[0].enabled("filter")):
+            notes.append("the profile has no GPUDevice Filter: GPUs are counted per node in aggregate, a relaxation "
+                         "that lets a GPU share straddle two devices (docs/gpu.md)")
         autoscaler = autoscaler_from(kw)
         if kw["metrics_port"]:
             check_port_free("--metrics-port", kw["metrics_port"])
@@ -291,6 +298,33 @@ def _stdout_to_stderr(active: bool):
         os.close(saved)
 
 
+#: ``run --trace``'s profile without ``--config``: kube's defaults and GPUDevice per device
+TRACE_PROFILE = """\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  plugins:
+    multiPoint:
+      enabled:
+      - name: GPUDevice
+        weight: 10
+  pluginConfig:
+  - name: GPUDevice
+    args:
+      scoringStrategy: FGDBestFit
+"""
+
+
+def _config_source(kw):
+    """``--config``, else `TRACE_PROFILE` for a trace replay (unless ``--gpu-aggregate``), else the defaults."""
+    if kw["gpu_aggregate"] and (kw["config_path"] or not kw["trace_pods"]):
+        raise click.UsageError("--gpu-aggregate goes with --trace and without --config")
+    if kw["config_path"]:
+        return kw["config_path"]
+    return TRACE_PROFILE if kw["trace_pods"] and not kw["gpu_aggregate"] else None
+
+
 def _workload(kw, scheduler_name: str):
     from shardsched.sim import trace as trace_mod
     from shardsched.sim.workload import uniform_nodes, uniform_pods
@@ -309,6 +343,7 @@ def _workload(kw, scheduler_name: str):
         notes += nrep.skipped + prep.skipped
         if kw["trace_limit"]:
             pods = pods[: kw["trace_limit"]]
+        notes += trace_mod.check_pods(pods, nodes)
         if not nodes or not pods:
             raise ValueError("the trace has no usable nodes or pods")
         return nodes, [tuple(p) for p in pods], notes

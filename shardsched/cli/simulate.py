@@ -28,7 +28,7 @@ EXIT_INVALID_INPUT = 2
               help="Seed for breaking score ties and for the names generated from metadata.generateName.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table: the pods and nodes as tables (160 columns wide off a terminal); json: one object with "
-                   "pods (status, node, reason, requests) and nodes (allocatable, requested), for scripts.")
+                   "pods (status, node, GPU devices, reason, requests) and nodes (allocatable, requested), for scripts.")
 def simulate(files: tuple[str, ...], config_path: str | None, seed: int, output: str) -> None:
     """Place the unbound pods of Kubernetes manifests on their nodes, as kube-scheduler would.
 
@@ -137,7 +137,8 @@ def _print_table(report) -> None:
     for p in report.pods:
         style = {"Scheduled": "green", "Unschedulable": "red"}.get(p.status, "yellow")
         # names and reasons are the user's text: "[...]" in them is not markup
-        pods.add_row(escape(f"{p.namespace}/{p.name}"), f"[{style}]{p.status}[/]", escape(p.node or "-"),
+        where = (p.node or "-") + (f" (GPU {','.join(map(str, p.devices))})" if p.devices else "")
+        pods.add_row(escape(f"{p.namespace}/{p.name}"), f"[{style}]{p.status}[/]", escape(where),
                      fmt(p.requests), escape(p.reason))
     console.print(pods)
     nodes = Table(title="Nodes")

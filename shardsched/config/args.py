@@ -329,9 +329,10 @@ class DefaultPreemptionArgs(PluginArgs):
 
 
 class TypicalPodSpec(ConfigModel):
-    """One typical pod shape of GPUDevice's FGD strategies: CPU, devices, weight (a count)."""
+    """One typical pod shape of GPUDevice's FGD strategies: CPU, memory (MiB), devices, weight (a count)."""
 
     cpu_milli: int = Field(0, ge=0)
+    memory_mib: int = Field(0, ge=0)
     gpu_count: int = Field(0, ge=0)
     gpu_milli: int = Field(0, ge=0, le=1000)
     gpu_models: list[str] = Field(default_factory=list)

@@ -72,10 +72,14 @@ class PodOutcome:
     nominated_node: str | None = None
     #: the plugin that rejected an Unschedulable pod's attempt (not in the report)
     plugin: str = ""
+    #: the GPU devices the pod takes on its node (indices in the node's order), () for none
+    devices: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         out = {"namespace": self.namespace, "name": self.name, "node": self.node, "status": self.status,
                "reason": self.reason, "requests": self.requests}
+        if self.devices:
+            out["devices"] = list(self.devices)
         if self.victims is not None:
             out["victims"] = self.victims
             out["nominatedNode"] = self.nominated_node
@@ -210,7 +214,8 @@ def _place(sched: GenericScheduler, pod: PodInfo, requests: dict[str, int], pree
     result, pf = _attempt(sched, pod)
     if result.node is not None:
         return PodOutcome(pod.namespace, pod.name, result.node, SCHEDULED,
-                          f"Successfully assigned {pod.key} to {result.node}", requests, [], None)
+                          f"Successfully assigned {pod.key} to {result.node}", requests, [], None,
+                          devices=result.devices)
     if pf is None or not pf.status.is_success():
         return PodOutcome(pod.namespace, pod.name, None, UNSCHEDULABLE, _message(result), requests, [], None,
                           result.status.plugin)
@@ -226,7 +231,8 @@ def _place(sched: GenericScheduler, pod: PodInfo, requests: dict[str, int], pree
             sched.post_filter(nominated, second.status)
     if second.node is not None:
         return PodOutcome(pod.namespace, pod.name, second.node, SCHEDULED,
-                          f"Successfully assigned {pod.key} to {second.node}", requests, victims, pf.nominated_node)
+                          f"Successfully assigned {pod.key} to {second.node}", requests, victims, pf.nominated_node,
+                          devices=second.devices)
     outcome = PodOutcome(pod.namespace, pod.name, None, UNSCHEDULABLE, _message(second), requests, victims,
                          pf.nominated_node)
     preemptions.wait(nominated, outcome)

@@ -19,12 +19,12 @@ Pods become one-container Pods requesting ``cpu: <m>m`` and ``memory: <Mi>Mi``, 
 Extended resources are set as limits equal to requests, as the API server requires. Asking a shared
 pod for a whole ``nvidia.com/gpu`` would waste the GPU it shares, and asking for none would let it
 land on GPU-less nodes, so GPU capacity is also counted in thousandths (``gpu-milli``), which every
-GPU pod consumes. This accounts shared GPU capacity **in aggregate per node, not per device**: a
-node with two GPUs each 60% used has 800 gpu-milli free and accepts a 700-milli pod that no single
-device could hold, and a whole-GPU pod fits where two half-used GPUs add up to one free one. A
-scheduler using these resources therefore never overcommits a node's total GPU capacity, but may
-place GPU work that a per-device allocator (the node's GPU-sharing device plugin) would refuse
-because no single GPU has the room: the fragmentation the paper studies.
+GPU pod consumes. These sums are checked per node (NodeResourcesFit, the ledger); the devices are
+checked one by one by the GPUDevice plugin (`shardsched.cache.devices`, docs/gpu.md): a share
+needs one device with room for it, whole GPUs wholly free devices. ``run --trace`` enables it by
+default; without it (``--gpu-aggregate``, or a profile without GPUDevice) a node with two GPUs each
+60% used has 800 gpu-milli free and accepts a 700-milli pod that no single device could hold: a
+relaxation, and the fragmentation the paper studies becomes invisible.
 
 ``gpu_spec`` (``A|B``, any of the models) becomes a required node affinity
 ``shardsched.io/gpu-model In [A, B]``; ``qos`` becomes the label ``shardsched.io/qos``.
@@ -32,8 +32,10 @@ because no single GPU has the room: the fragmentation the paper studies.
 Files without time columns (the 5-column ``multigpu`` lists) load with every pod created at 0 and
 never deleted.
 
-Malformed rows are skipped, each with a ``file:line: what`` message in the `LoadReport`; a file
-that is missing or whose header lacks a required column raises one `TraceError`.
+Malformed rows are skipped, each with a ``file:line: what`` message in the `LoadReport` (a
+``gpu_milli`` outside 1..1000 for a GPU pod, a node row with a ``model`` but no GPUs, ...); a file
+that is missing or whose header lacks a required column raises one `TraceError`. `check_pods`
+names the pods no node can take (more GPUs than any node, an unknown GPU model).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def _read(path: str | Path, prepare: Callable[[list[str]], tuple[tuple[str, ...]
 def _node(row: dict[str, str]) -> tuple[str, dict]:
     name = _object_name(row, "sn")
     cpu, mem, gpu = _count(row, "cpu_milli"), _count(row, "memory_mib"), _count(row, "gpu")
-    model = _label_value(row["model"].strip(), "model")
+    model = _gpu_model(row, gpu)
     resources = {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": str(NODE_MAX_PODS)}
     if gpu:
         resources[GPU_RESOURCE] = str(gpu)
@@ -199,6 +201,80 @@ def _node(row: dict[str, str]) -> tuple[str, dict]:
         "status": {"capacity": dict(resources), "allocatable": resources,
                    "conditions": [{"type": "Ready", "status": "True"}]},
     }
+
+
+class NodeRow(NamedTuple):
+    """A trace node as numbers: name, CPU (millicores), memory (MiB), GPUs, GPU model ("" none)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu: int
+    model: str
+
+
+class PodRow(NamedTuple):
+    """A trace pod as numbers: CPU (millicores), memory (MiB), ``num_gpu`` devices of ``gpu_milli``
+    thousandths each (0, 0: no GPU), and the GPU models ``gpu_spec`` accepts (empty: any)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...]
+
+
+def _gpu_model(row: dict[str, str], gpu: int) -> str:
+    model = _label_value(row["model"].strip(), "model")
+    if model and not gpu:
+        raise _RowError(f"model {model!r} on a node without GPUs (gpu 0)")
+    return model
+
+
+def _node_row(row: dict[str, str]) -> tuple[str, NodeRow]:
+    name = _object_name(row, "sn")
+    gpu = _count(row, "gpu")
+    return name, NodeRow(name, _count(row, "cpu_milli"), _count(row, "memory_mib"), gpu, _gpu_model(row, gpu))
+
+
+def _gpu_spec(row: dict[str, str]) -> tuple[str, ...]:
+    raw = row.get("gpu_spec", "").strip()
+    if not raw:
+        return ()
+    models = tuple(sorted({_label_value(m.strip(), "gpu_spec") for m in raw.split("|") if m.strip()}))
+    if not models:
+        raise _RowError(f"gpu_spec {raw!r} names no GPU model")
+    return models
+
+
+def _pod_row(row: dict[str, str]) -> tuple[str, PodRow]:
+    name = _object_name(row, "name")
+    num_gpu, gpu_milli = _count(row, "num_gpu"), _count(row, "gpu_milli")
+    _gpu_resources(num_gpu, gpu_milli)
+    if num_gpu == 0:
+        gpu_milli = 0
+    return name, PodRow(name, _count(row, "cpu_milli"), _count(row, "memory_mib"), num_gpu, gpu_milli, _gpu_spec(row))
+
+
+def load_node_rows(path: str | Path) -> tuple[list[NodeRow], LoadReport]:
+    """`NodeRow` per row of an ``openb_node_list_*.csv`` file, in file order; malformed rows are
+    skipped and reported as `load_nodes` does.
+
+    Raises:
+        TraceError: as `load_nodes`.
+    """
+    return _read(path, lambda header: (NODE_COLUMNS, _node_row))
+
+
+def load_pod_rows(path: str | Path) -> tuple[list[PodRow], LoadReport]:
+    """`PodRow` per row of an ``openb_pod_list_*.csv`` file, in file order (time columns ignored);
+    malformed rows are skipped and reported as `load_pods` does.
+
+    Raises:
+        TraceError: the file cannot be read or its header lacks a column of `POD_COLUMNS`.
+    """
+    return _read(path, lambda header: (POD_COLUMNS, _pod_row))
 
 
 def load_nodes(path: str | Path) -> tuple[list[dict], LoadReport]:
@@ -244,12 +320,9 @@ def _pod_builder(namespace: str, scheduler_name: str, timed: bool) -> _Build:
             "schedulerName": scheduler_name,
             "containers": [{"name": "main", "image": PAUSE_IMAGE, "resources": resources}],
         }
-        raw_spec = row.get("gpu_spec", "").strip()
-        if raw_spec:
-            models = sorted({_label_value(m.strip(), "gpu_spec") for m in raw_spec.split("|") if m.strip()})
-            if not models:
-                raise _RowError(f"gpu_spec {raw_spec!r} names no GPU model")
-            term = {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": models}]}
+        models = _gpu_spec(row)
+        if models:
+            term = {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": list(models)}]}
             spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
         meta: dict = {"name": name, "namespace": namespace}
         qos = row.get("qos", "").strip()
@@ -280,6 +353,36 @@ def load_pods(path: str | Path, namespace: str = "default",
         return POD_COLUMNS + (POD_TIME_COLUMNS if timed else ()), _pod_builder(namespace, scheduler_name, timed)
 
     return _read(path, prepare)
+
+
+def check_pods(pods: Iterable[TracePod], nodes: Iterable[dict]) -> list[str]:
+    """Messages for the trace pods that no node of ``nodes`` can ever take, one per pod, naming it:
+    more GPUs than any node has, a ``gpu_spec`` that names no model of the nodes, GPUs asked of a
+    cluster without GPU nodes. Such pods are still replayed (they stay unschedulable, with the
+    scheduler's reasons); the message tells the trace's problem from the scheduler's."""
+    most, models = 0, set()
+    for n in nodes:
+        alloc = n["status"]["allocatable"]
+        most = max(most, int(alloc.get(GPU_RESOURCE, 0)), int(alloc.get(GPU_MILLI_RESOURCE, 0)) // 1000)
+        model = n["metadata"].get("labels", {}).get(GPU_MODEL_LABEL)
+        if model:
+            models.add(model)
+    out = []
+    for _, _, pod in pods:
+        name = pod["metadata"]["name"]
+        req = pod["spec"]["containers"][0]["resources"]["requests"]
+        count = int(req.get(GPU_RESOURCE, 0)) or (1 if GPU_MILLI_RESOURCE in req else 0)
+        if count and not most:
+            out.append(f"{name}: asks for GPUs, and no node has any")
+        elif count > most:
+            out.append(f"{name}: num_gpu {count} is more than any node's GPUs ({most})")
+        terms = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}) \
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+        for t in terms:
+            for e in t.get("matchExpressions", []):
+                if e["key"] == GPU_MODEL_LABEL and not models.intersection(e["values"]):
+                    out.append(f"{name}: gpu_spec {'|'.join(e['values'])} names no GPU model of the nodes")
+    return out
 
 
 CREATE, DELETE = "create", "delete"

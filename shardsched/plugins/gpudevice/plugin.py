@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardsched.api.objects import PodInfo
-from shardsched.api.quantity import CPU
+from shardsched.api.quantity import CPU, MEMORY
 from shardsched.cache.devices import GPU_MODEL_LABELS, MILLI, DeviceRequest, device_request
 from shardsched.cache.node_table import NodeTable
 from shardsched.framework.cycle_state import CycleState
@@ -47,8 +47,12 @@ _KEY = NAME + "/request"
 _LEARN_FIRST = 32
 
 
+_MIB = 1 << 20
+
+
 def _shape(pod: PodInfo, req: DeviceRequest | None) -> scoring.PodShape:
-    return scoring.PodShape(pod.requests.get(CPU, 0), req.count if req else 0, req.milli if req else 0)
+    return scoring.PodShape(pod.requests.get(CPU, 0), req.count if req else 0, req.milli if req else 0,
+                            pod.requests.get(MEMORY, 0) // _MIB)
 
 
 def _models(pod: PodInfo) -> frozenset[str]:
@@ -136,18 +140,19 @@ class GPUDevice(FilterPlugin, ScorePlugin):
             return
         self._seen_uids.add(pod.uid)
         shape = _shape(pod, req)
-        self._seen[(shape.cpu_milli, shape.gpu_count, shape.gpu_milli, _models(pod))] += 1
+        self._seen[(shape.cpu_milli, shape.gpu_count, shape.gpu_milli, _models(pod), shape.memory_mib)] += 1
         if len(self._seen_uids) >= self._next_learn:
             self._next_learn *= 2
             self.typical = scoring.TypicalPods.from_shapes(self._seen.elements())
             self._access = None
 
     def _view(self, table: NodeTable, idx: Index) -> scoring.NodeView:
-        n, row = table.n, table.resource_row(CPU)
+        n, row, mrow = table.n, table.resource_row(CPU), table.resource_row(MEMORY)
         alloc = table.alloc[row, :n][idx]
+        mem_free = (table.alloc[mrow, :n][idx] - table.requested[mrow, :n][idx]) // _MIB
         dev = table.devices
         return scoring.NodeView(alloc - table.requested[row, :n][idx], alloc, dev.free[:n][idx],
-                                dev.count[:n][idx], dev.model[:n][idx])
+                                dev.count[:n][idx], dev.model[:n][idx], mem_free)
 
     def _access_for(self, table: NodeTable) -> np.ndarray | None:
         models = table.devices.models
@@ -192,6 +197,6 @@ def new(args: Any = None) -> GPUDevice:
     typical = None
     if args.typical_pods:
         typical = scoring.TypicalPods.from_shapes(
-            [(t.cpu_milli, t.gpu_count, t.gpu_milli, frozenset(t.gpu_models)) for t in args.typical_pods
+            [(t.cpu_milli, t.gpu_count, t.gpu_milli, frozenset(t.gpu_models), t.memory_mib) for t in args.typical_pods
              for _ in range(t.weight)], popularity=1.0)
     return GPUDevice(args.scoring_strategy, typical)

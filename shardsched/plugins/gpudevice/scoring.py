@@ -59,22 +59,25 @@ TYPICAL_POPULARITY = 0.95
 class NodeView(NamedTuple):
     """Rows of nodes. ``cpu_free``, ``cpu_alloc``: int64 (n,) millicores; ``free``: int32 (n, D)
     free thousandths per device (0 past a node's devices); ``count``: int (n,) devices per node;
-    ``model``: int32 (n,) GPU model code (-1 unknown)."""
+    ``model``: int32 (n,) GPU model code (-1 unknown); ``mem_free``: int64 (n,) free memory in MiB
+    (read by FGDBestFit only; None: not checked)."""
 
     cpu_free: np.ndarray
     cpu_alloc: np.ndarray
     free: np.ndarray
     count: np.ndarray
     model: np.ndarray
+    mem_free: np.ndarray | None = None
 
 
 class PodShape(NamedTuple):
     """What a pod asks: ``cpu_milli``; ``gpu_count`` devices of ``gpu_milli`` thousandths each
-    (0, 0: no GPU; ``gpu_milli < 1000`` only with ``gpu_count == 1``)."""
+    (0, 0: no GPU; ``gpu_milli < 1000`` only with ``gpu_count == 1``); ``memory_mib``."""
 
     cpu_milli: int
     gpu_count: int
     gpu_milli: int
+    memory_mib: int = 0
 
     @property
     def share(self) -> bool:
@@ -89,6 +92,7 @@ class TypicalPods:
         cpu_milli, count, milli: int64 (K,) each shape's CPU, device count and thousandths per device.
         models: per shape, the GPU models it accepts (empty: any), as names.
         weight: float64 (K,), summing to 1.
+        memory_mib: int64 (K,) each shape's memory (0 when not given).
     """
 
     cpu_milli: np.ndarray
@@ -96,19 +100,25 @@ class TypicalPods:
     milli: np.ndarray
     models: tuple[frozenset[str], ...]
     weight: np.ndarray
+    memory_mib: np.ndarray
 
     @classmethod
-    def from_shapes(cls, shapes: Iterable[tuple[int, int, int, frozenset[str]]],
-                    popularity: float = TYPICAL_POPULARITY) -> "TypicalPods":
-        """From the pods of a workload, one (cpu_milli, gpu_count, gpu_milli, models) each: the most
-        frequent shapes covering ``popularity`` of the pods, frequencies renormalised over them.
+    def from_shapes(cls, shapes: Iterable[tuple], popularity: float = TYPICAL_POPULARITY) -> "TypicalPods":
+        """From the pods of a workload, one (cpu_milli, gpu_count, gpu_milli, models[, memory_mib])
+        each: the most frequent shapes (memory left out of the grouping) covering ``popularity`` of
+        the pods, frequencies renormalised over them; a shape's memory is the mean of its pods'.
 
         Raises:
             ValueError: no shapes, or ``popularity`` not in (0, 1].
         """
         if not 0 < popularity <= 1:
             raise ValueError(f"popularity must be in (0, 1], got {popularity}")
-        counts = Counter(shapes)
+        counts: Counter = Counter()
+        memory: Counter = Counter()
+        for shape in shapes:
+            key = tuple(shape[:4])
+            counts[key] += 1
+            memory[key] += shape[4] if len(shape) > 4 else 0
         total = sum(counts.values())
         if not total:
             raise ValueError("typical pods need at least one pod shape")
@@ -120,7 +130,8 @@ class TypicalPods:
             covered += n
         w = np.array([n for _, n in kept], np.float64)
         return cls(np.array([s[0] for s, _ in kept], np.int64), np.array([s[1] for s, _ in kept], np.int64),
-                   np.array([s[2] for s, _ in kept], np.int64), tuple(frozenset(s[3]) for s, _ in kept), w / w.sum())
+                   np.array([s[2] for s, _ in kept], np.int64), tuple(frozenset(s[3]) for s, _ in kept), w / w.sum(),
+                   np.array([memory[s] // n for s, n in kept], np.int64))
 
     def access(self, models: Sequence[str]) -> np.ndarray:
         """bool (M + 1, K): row ``code + 1`` says which shapes may use a node of model ``models[code]``
@@ -164,7 +175,7 @@ def score(strategy: str, view: NodeView, shape: PodShape, typical: TypicalPods |
     if strategy in NEEDS_TYPICAL:
         if typical is None or access is None:
             raise ValueError(f"{strategy} needs typical pods")
-        frag, device = _fgd(view, shape, typical, access)
+        frag, device = _fgd(view, shape, typical, access, strategy == FGD_BEST_FIT)
         if strategy == FGD_BEST_FIT:
             frag = frag + FGD_BEST_FIT_WEIGHT * _best_fit(view, shape)
         return frag, device
@@ -235,39 +246,48 @@ def fragmentation(view: NodeView, typical: TypicalPods, access: np.ndarray) -> n
     return _frag(view.free.sum(axis=1), c, s, view.cpu_free[:, None], view.model, typical, access)
 
 
-def _frag(total, c, s, cpu_free, model, typical: TypicalPods, access: np.ndarray) -> np.ndarray:
+def _frag(total, c, s, cpu_free, model, typical: TypicalPods, access: np.ndarray, mem_free=None) -> np.ndarray:
     """F from the per-shape counts ``c`` and sums ``s`` of devices with ``milli_k`` free
-    (shape (..., K)), the free total (...,) and the free CPU (broadcastable to (..., K))."""
+    (shape (..., K)), the free total (...,) and the free CPU (broadcastable to (..., K)); with
+    ``mem_free`` (same shape as ``cpu_free``) a shape also needs its memory."""
     acc = access[model + 1]
     if c.ndim == 3:
         acc = acc[:, None, :]
     usable = (c >= typical.count) & (cpu_free >= typical.cpu_milli) & acc & (typical.milli > 0)
+    if mem_free is not None:
+        usable &= mem_free >= typical.memory_mib
     return total * typical.weight.sum() - (np.where(usable, s, 0) * typical.weight).sum(axis=-1)
 
 
-def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarray,
+         memory: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """FGD's score and device per row; ``memory``: typical pods also need their memory (FGDBestFit)."""
     n = len(view.cpu_free)
+    mem = view.mem_free if memory else None
     free = view.free
     g = typical.milli
     ge = free[:, :, None] >= g[None, None, :]
     c = ge.sum(axis=1)
     s = (free[:, :, None] * ge).sum(axis=1)
     total = free.sum(axis=1)
-    before = _frag(total, c, s, view.cpu_free[:, None], view.model, typical, access)
+    before = _frag(total, c, s, view.cpu_free[:, None], view.model, typical, access,
+                   None if mem is None else mem[:, None])
     cpu_after = (view.cpu_free - shape.cpu_milli)[:, None]
+    mem_after = None if mem is None else (mem - shape.memory_mib)[:, None]
     if shape.share:
         m = shape.gpu_milli
         after_dev = free - m
         ge_a = after_dev[:, :, None] >= g[None, None, :]
         c2 = c[:, None, :] - ge + ge_a
         s2 = s[:, None, :] - free[:, :, None] * ge + after_dev[:, :, None] * ge_a
-        after = _frag((total - m)[:, None], c2, s2, cpu_after[:, None, :], view.model, typical, access)
+        after = _frag((total - m)[:, None], c2, s2, cpu_after[:, None, :], view.model, typical, access,
+                      None if mem_after is None else mem_after[:, None, :])
         after = np.where(free >= m, after, np.inf)
         device = after.argmin(axis=1)
         return before - after[np.arange(n), device], device
     if shape.gpu_count:
         k = shape.gpu_count
-        after = _frag(total - k * MILLI, c - k, s - k * MILLI, cpu_after, view.model, typical, access)
+        after = _frag(total - k * MILLI, c - k, s - k * MILLI, cpu_after, view.model, typical, access, mem_after)
     else:
-        after = _frag(total, c, s, cpu_after, view.model, typical, access)
+        after = _frag(total, c, s, cpu_after, view.model, typical, access, mem_after)
     return before - after, np.full(n, -1, np.int64)
