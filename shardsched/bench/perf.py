@@ -18,8 +18,8 @@ follow upstream's ``scheduler_perf.go``:
 - the ``createPods`` op with ``collectMetrics``: the measured pods, all created in one call once
   the init pods exist; throughput = measured pods bound / (last bind - their creation), and the
   latencies are creation -> bound;
-- ``churn``: started with the measured pods and stopped when they are all bound (upstream stops it
-  at the end of the workload): ``create`` makes one object per template every interval,
+- ``churn``: started once the init pods exist, before the measured pods, and stopped when they are
+  all bound (upstream stops it at the end of the workload): ``create`` makes one object per template every interval,
   ``recreate`` replaces the previous one (delete, then create);
 - ``createAny`` of a Service, ReplicationController, ReplicaSet or StatefulSet: put into the
   simulated cluster with the nodes (PodTopologySpread's default constraints read its selector);
@@ -494,11 +494,16 @@ class _ChurnDriver:
     (a delete of an object already gone) are ignored. A recreate deletes the object made one
     interval earlier in its slot, so the two calls of a slot never race."""
 
-    def __init__(self, churns: list[Churn], templates: _Templates, scheduler_name: str, measured: int) -> None:
+    def __init__(self, churns: list[Churn], templates: _Templates, scheduler_name: str, measured: int,
+                 after_created: int = 0) -> None:
         self.churns = churns
         self.templates = templates
         self.scheduler_name = scheduler_name
         self.measured = measured
+        #: the churn starts once the feeder has created this many pods (the init pods): upstream runs
+        #: the ops in order, and a churn pod placed before the init pods exist would take their room
+        #: (they are created bound, and the kubelet-like admission would reject them)
+        self.after_created = after_created
         self.t0: float | None = None
         self.ticks = [0] * len(churns)
         self.slots: list[dict[int, tuple[str, str, str]]] = [{} for _ in churns]  # recreate: slot -> (kind, ns, name)
@@ -507,9 +512,11 @@ class _ChurnDriver:
         self._seq = 0
         self._inflight: list[Any] = []
 
-    def tick(self, cluster: Any, now: float, bound: int) -> None:
+    def tick(self, cluster: Any, now: float, bound: int, created: int) -> None:
+        """One call of the progress callback: ``bound`` measured pods so far, ``created`` pods made
+        by the feeder."""
         self._collect(0.0)
-        if self.stopped or not self.churns:
+        if self.stopped or not self.churns or created < self.after_created:
             return
         if bound >= self.measured:
             self.stopped = True
@@ -662,7 +669,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
     workload = [(0.0, None, pod) for pod in init] + [(gap_s, None, pod) for pod in p.measured]
     if p.nodes:
         workload.append((tail_s, None, _sentinel(p.nodes[0]["metadata"]["name"], scheduler_name)))
-    churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured))
+    churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured), after_created=len(init))
     options = ray_session.options(shards=params.shards, seed=params.seed, timeout_s=params.timeout_s,
                                   spread_selectors=p.spread_selectors,
                                   shard_options=ShardOptions(batch_size=params.batch_size,
@@ -672,7 +679,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
 
     def on_progress(run, bound: int, total: int, status: dict) -> None:
         last.update(status)
-        churn.tick(run.cluster, time.monotonic(), bound)
+        churn.tick(run.cluster, time.monotonic(), bound, run.feeder.created)
         progress.update(bound, f"pending {status['pending']}, unschedulable {status['unschedulable']}")
 
     progress.start(w.full_name, len(p.measured), f"{len(p.nodes)} nodes, {len(init)} init pods")
