@@ -130,6 +130,22 @@ class AuditedSimCluster(SimClusterHost):
             return sorted(k for k, p in self._pods.items()
                           if p["spec"].get("schedulerName") == SCHEDULER_NAME and not p["spec"].get("nodeName"))
 
+    def preemptions(self) -> dict[str, Any]:
+        """What the scheduler's preemptions left in the API: ``victims``, one entry per victim and
+        preemptor as their ``Preempted`` Events say (``Preempted by pod <uid> on node <node>``):
+        ``[victim key, victim uid, preemptor uid, node, count]`` (count > 1: the same victim
+        deleted again for the same preemptor); ``uids``: pod uid -> key of the pods that exist."""
+        with self._lock:
+            victims = []
+            for (ns, name), events in self._events.items():
+                for ev in events:
+                    words = ev["message"].split()
+                    if ev["reason"] != "Preempted" or words[:3] != ["Preempted", "by", "pod"] or len(words) < 7:
+                        continue
+                    victims.append([f"{ns or 'default'}/{name}", ev["involvedObject"].get("uid", ""), words[3],
+                                    words[6], ev["count"]])
+            return {"victims": victims, "uids": {p["metadata"]["uid"]: k for k, p in self._pods.items()}}
+
     def requested_all(self) -> dict[str, dict[str, int]]:
         """Node -> the requests of its non-terminal bound pods (what the ledger's usage must equal)."""
         with self._lock:

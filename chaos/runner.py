@@ -32,7 +32,7 @@ import ray
 from chaos.audit import AuditedSimCluster
 from chaos.proxy import FaultProxy, measure_ping_s
 from chaos.rival import Rival
-from chaos.scenario import Scenario
+from chaos.scenario import REPLICA_SET_APP, Scenario
 from chaos.verdict import Verdict, build_verdict
 from shardsched.api.quantity import canonical_quantity
 from shardsched.api.podgroup import POD_GROUP_LABEL
@@ -122,8 +122,10 @@ class ChaosRun(EmbeddedRun):
         size = s.workload.gang_size
         for i, pod in enumerate(pods if size else ()):
             pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = f"gang-{i // size}"
+        for pod in pods if s.workload.priority is not None else ():
+            pod["spec"]["priority"] = s.workload.priority
         rate = s.workload.arrival_rate_per_s
-        workload = [(i / rate if rate else 0.0, None, p) for i, p in enumerate(pods)]
+        workload = [(s.workload.start_s + (i / rate if rate else 0.0), None, p) for i, p in enumerate(pods)]
         actions = {f.action for f in s.faults}
         self.own_redis = (EmbeddedRedis(appendonly=s.redis.appendonly)
                           if redis_url is None or s.redis.appendonly or "restart-redis" in actions else None)
@@ -154,6 +156,7 @@ class ChaosRun(EmbeddedRun):
         self.unbound_keys: list[str] = []
         self.audit: dict[str, Any] = {}
         self.final_status: dict[str, Any] = {}
+        self.preemptions: dict[str, Any] = {}
         self.verdict: Verdict | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -178,6 +181,13 @@ class ChaosRun(EmbeddedRun):
             self.options.shard_redis_url = self.proxies["shards"].url_for(self.direct_redis_url)
             self.options.redis_url = self.proxies["coordinator"].url_for(self.direct_redis_url)
         super()._start()
+        rs = self.scenario.replica_sets
+        for i in range(rs.sets if rs is not None else 0):
+            template = uniform_pods(1, cpu=rs.cpu, memory=rs.memory, scheduler_name=SCHEDULER_NAME)[0]
+            template["metadata"] = {"labels": {"app": f"{REPLICA_SET_APP}-{i}"}}
+            template["spec"].update(priority=rs.priority, terminationGracePeriodSeconds=rs.termination_grace_period_s)
+            ray.get(self.cluster.create_replica_set.remote(
+                {"metadata": {"name": f"{REPLICA_SET_APP}-{i}"}, "spec": {"replicas": rs.replicas, "template": template}}))
 
     def _stop(self) -> None:
         for rival in self.rivals:
@@ -234,7 +244,7 @@ class ChaosRun(EmbeddedRun):
                 quiet_until = elapsed + QUIET_S
             settled = (not busy and elapsed >= quiet_until and counts["others_unbound"] == 0
                        and counts["unbound"] == status["unschedulable"] + status["invalid"]
-                       and status["pending"] == status["unschedulable"])
+                       and status["pending"] == status["unschedulable"] and not status["preemptors_waiting"])
             if settled:
                 self.settled = True
                 report.schedule_wall_s = elapsed
@@ -296,6 +306,7 @@ class ChaosRun(EmbeddedRun):
         self.unbound_keys = ray.get(self.cluster.unbound_keys.remote())
         self.ledger_check = self._check_ledger()
         self.audit = ray.get(self.cluster.audit.remote())
+        self.preemptions = ray.get(self.cluster.preemptions.remote())
         self.zone_counts = ray.get(self.cluster.bound_per_label.remote(ZONE_LABEL)) if self.scenario.cluster.zones else {}
         self.gang_counts = (ray.get(self.cluster.bound_per_pod_label.remote(POD_GROUP_LABEL))
                             if self.scenario.workload.gang_size else {})

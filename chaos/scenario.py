@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shardsched.api.quantity import canonical_quantity
 from shardsched.config.base import error_lines
 from shardsched.errors import ShardschedError
 from shardsched.sim import FaultConfig
@@ -38,6 +39,8 @@ INVARIANTS = {
     "ledger_converges": "5. the Redis ledger equals the cluster's truth after the faults",
     "spread_holds": "6. pods with a DoNotSchedule zone spread end within its maxSkew (when the workload has one)",
     "gangs_whole": "7. every gang ends fully bound or with no member bound (when the workload has gangs)",
+    "preemption_bounded": "6b. a preemptor deletes no more victims than kube's rules need and none twice, and binds "
+                          "in bounded time: no preemption loop (when the scenario has a `preemption` block)",
 }
 
 
@@ -78,6 +81,39 @@ class WorkloadSpec(_Model):
     #: the pods form gangs of this many (PodGroups with minMember = gang_size, their profile with
     #: Coscheduling, docs/gangs.md); ``pods`` must be a multiple of it (None: no gangs)
     gang_size: int | None = Field(None, ge=1)
+    #: the pods' ``spec.priority`` (None: unset, priority 0)
+    priority: int | None = None
+    #: seconds after the start when the first pod arrives (the replica sets fill the nodes first)
+    start_s: float = Field(0.0, ge=0)
+
+
+#: the name (and ``app`` label) of a scenario's replica sets, ``chaos-low-<i>``; their pods are
+#: ``default/chaos-low-<i>-<5 characters>``
+REPLICA_SET_APP = "chaos-low"
+
+
+class ReplicaSetsSpec(_Model):
+    """``sets`` ReplicaSet-like sets of the simulated cluster (`SimCluster.create_replica_set`),
+    made when the run starts, ``replicas`` pods each of our scheduler: as the ReplicaSet controller
+    does, a set replaces a pod of its that is deleted (a preemption's victim) at once with a new
+    one, which competes for the room the victim left. These pods are the background of the
+    workload: invariant 4 (``shard_recovery``) does not count them, since a victim's replacement
+    stays pending by design when the nodes are full; the other invariants do."""
+
+    sets: int = Field(1, ge=1)
+    replicas: int = Field(gt=0)
+    cpu: str = "1"
+    memory: str = "1Gi"
+    priority: int = 0
+    termination_grace_period_s: int = Field(0, ge=0)
+
+
+class PreemptionSpec(_Model):
+    """What invariant 6b (``preemption_bounded``, docs/design.md's 6) allows: the workload's pods
+    are the preemptors, each must bind within ``bound_within_s`` of its creation. The victims each
+    may delete are computed from the specs (`minimum_victims`)."""
+
+    bound_within_s: float = Field(gt=0)
 
 
 class ShardsSpec(_Model):
@@ -265,6 +301,8 @@ class Scenario(_Model):
     shards: ShardsSpec = ShardsSpec()
     redis: RedisSpec = RedisSpec()
     binds: BindsSpec = BindsSpec()
+    replica_sets: ReplicaSetsSpec | None = None
+    preemption: PreemptionSpec | None = None
     faults: list[FaultStep] = Field(default_factory=list)
     invariants: list[Literal[tuple(INVARIANTS)]] = Field(default_factory=lambda: list(INVARIANTS))  # type: ignore[valid-type]
     #: verdict counter (dotted path) -> minimum value that shows the faults happened
@@ -280,14 +318,30 @@ class Scenario(_Model):
             raise ValueError("workload.pods must be a multiple of workload.gang_size")
         if self.workload.zone_spread_max_skew is not None and self.cluster.zones < 1:
             raise ValueError("workload.zone_spread_max_skew needs cluster.zones >= 1")
+        if self.preemption is not None:
+            if self.replica_sets is None:
+                raise ValueError("preemption needs replica_sets (the pods the workload preempts)")
+            if (self.workload.priority or 0) <= self.replica_sets.priority:
+                raise ValueError("preemption needs workload.priority above replica_sets.priority")
         return self
+
+    def minimum_victims(self) -> int:
+        """Victims one preemptor needs on a node that holds only replica-set pods, as many as fit
+        (the scenario's nodes are filled so): enough of them gone for the preemptor's cpu, memory
+        and pod count. kube's rules never delete more (they reprieve every pod that can stay)."""
+        c, rs, w = self.cluster, self.replica_sets, self.workload
+        node = (canonical_quantity("cpu", c.cpu), canonical_quantity("memory", c.memory), c.max_pods)
+        low = (canonical_quantity("cpu", rs.cpu), canonical_quantity("memory", rs.memory), 1)
+        high = (canonical_quantity("cpu", w.cpu), canonical_quantity("memory", w.memory), 1)
+        fit = min(n // v for n, v in zip(node, low))
+        return max(0, *(-(-(h - (n - fit * v)) // v) for n, v, h in zip(node, low, high)))
 
 
 # ------------------------------------------------------------------------------------- loading
 
 
 #: sections a ``short:`` block overrides key by key; any other key it names is replaced whole
-SETTINGS = ("cluster", "workload", "shards", "redis", "binds")
+SETTINGS = ("cluster", "workload", "shards", "redis", "binds", "replica_sets", "preemption")
 
 
 def _merge_short(base: dict[str, Any], short: dict[str, Any]) -> dict[str, Any]:

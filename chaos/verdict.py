@@ -29,6 +29,10 @@ Definitions:
   given (``recovery_after_end_s``). The verdict's ``recovery_s`` is the largest. None when it could
   not be measured (no rate before the fault, or the work ran out first).
 - ``pods_per_s``: before the first fault, during the faults (first start to last end), after.
+- ``preemption`` (a scenario with a ``preemption`` block; the workload's pods are the preemptors):
+  from the victims' ``Preempted`` Events, the victims per preemptor (each at most
+  `Scenario.minimum_victims`), any victim deleted more than once for the same preemptor, and the
+  time from each preemptor's creation to its bind (at most ``bound_within_s``, every one bound).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from chaos.audit import BYPASS, SCHEDULER, STALE
-from chaos.scenario import INVARIANTS
+from chaos.scenario import INVARIANTS, REPLICA_SET_APP
 from shardsched.sim import SCHEDULER_NAME
 
 if TYPE_CHECKING:
@@ -111,6 +115,34 @@ def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         out[prefix] = value
+
+
+def _preemption(run: "ChaosRun", bound_at: dict[str, float]) -> dict[str, Any]:
+    """The ``preemption`` part of the verdict (module docstring): victims per preemptor from the
+    ``Preempted`` Events, and the preemptors' (the workload's pods') creation -> bind times."""
+    found = run.preemptions
+    uids = found.get("uids", {})
+    per: dict[str, set[str]] = defaultdict(set)
+    again = []
+    for victim, victim_uid, preemptor_uid, node, count in found.get("victims", []):
+        per[preemptor_uid].add(victim_uid or victim)
+        if count > 1:
+            again.append(victim)
+    created = run.created_at()
+    waits = [bound_at[k] - c for k, c in created.items() if k in bound_at]
+    most = max(per.items(), key=lambda kv: len(kv[1]), default=("", set()))
+    return {
+        "minimum_victims": run.scenario.minimum_victims(),
+        "preemptors": len(per), "victims": sum(len(vs) for vs in per.values()),
+        "victims_max_per_preemptor": len(most[1]),
+        "victims_per_preemptor": dict(sorted(Counter(len(vs) for vs in per.values()).items())),
+        "deleted_again": len(again),
+        "bound_within_max_s": round(max(waits), 2) if waits else 0.0,
+        "preemptors_unbound": sum(1 for k in created if k not in bound_at),
+        "limit_s": run.scenario.preemption.bound_within_s,
+        "examples": {"most_victims": f"{uids.get(most[0], most[0])}: {len(most[1])} victims",
+                     "deleted_again": again[:5]},
+    }
 
 
 def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
@@ -186,9 +218,11 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
     kills_out = []
     limit = s.shards.lease_ttl_s + KILL_GRACE_S
     created = run.created_at()
+    background = f"default/{REPLICA_SET_APP}-"  # a replica set's pods (`ReplicaSetsSpec`): not counted
     for i, kill in enumerate(run.kills):
         until = min(run.kills[i + 1].at if i + 1 < len(run.kills) else kill.at + limit, kill.at + limit)
         held = set(kill.keys) - (set(run.kills[i + 1].keys) if i + 1 < len(run.kills) else set())
+        held = {k for k in held if not (s.replica_sets is not None and k.startswith(background))}
         keys = held | {k for k, c in created.items() if kill.at <= c < until}
         waits = [bound_at[k] - max(kill.at, created.get(k, 0.0)) for k in keys if k in bound_at]
         pending = [k for k in keys if k not in bound_at and k in unbound]
@@ -226,6 +260,9 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
         "replaced_shards": int(status.get("replaced_shards", 0)) + run.carried["replaced_shards"],
         #: nodes the (last) coordinator nominated over the whole cluster (pods a shard cannot check alone)
         "nominated": int(status.get("nominated", 0)),
+        #: preemptions (nominations with their victims deleted) and victims deleted, by the (last) coordinator
+        "preemptions": int(status.get("preemptions", 0)),
+        "victims": int(status.get("victims", 0)),
         "coordinator_restarts": run.coordinator_restarts,
         "ledger_rebuilds": int(status.get("ledger_rebuilds", 0)),
         "admission_rejections": int(report.invariants.get("admission_rejections", 0)),
@@ -307,6 +344,19 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
                          "checked": run.settled}
         if "gangs_whole" in wanted and run.settled and partial:
             v.append(f"gangs_whole: {len(partial)} gangs partly bound: {', '.join(partial[:10])}")
+    if s.preemption is not None:
+        data["preemption"] = _preemption(run, bound_at)
+        p = data["preemption"]
+        if "preemption_bounded" in wanted:
+            if p["victims_max_per_preemptor"] > p["minimum_victims"]:
+                v.append(f"preemption_bounded: a preemptor deleted {p['victims_max_per_preemptor']} victims, "
+                         f"{p['minimum_victims']} suffice ({p['examples']['most_victims']})")
+            if p["deleted_again"]:
+                v.append(f"preemption_bounded: {p['deleted_again']} victims deleted more than once for the same "
+                         f"preemptor ({p['examples']['deleted_again']})")
+            if p["preemptors_unbound"] or p["bound_within_max_s"] > s.preemption.bound_within_s:
+                v.append(f"preemption_bounded: preemptors bound within {p['bound_within_max_s']} s (limit "
+                         f"{s.preemption.bound_within_s:g}), {p['preemptors_unbound']} not bound")
     flat: dict[str, float] = {}
     _flatten("", data, flat)
     exercised = {}

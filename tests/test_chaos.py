@@ -56,12 +56,30 @@ def test_every_required_scenario_exists_and_loads_long_and_short():
     ({"invariants": ["no_overcommit", "no_free_lunch"]}, "invariants[1]", "must be one of"),
     ({"workload": {"pods": 1, "arrival_rate": 5}}, "workload.arrival_rate", "unknown field"),
     ({"workload": {"pods": 1, "zone_spread_max_skew": 1}}, "(document)", "needs cluster.zones"),
+    ({"preemption": {"bound_within_s": 5}}, "(document)", "needs replica_sets"),
+    ({"preemption": {"bound_within_s": 5}, "replica_sets": {"replicas": 2, "priority": 5},
+      "workload": {"pods": 1, "priority": 5}}, "(document)", "workload.priority above"),
 ], ids=["missing-arg", "unknown-arg", "unknown-action", "negative-time", "repeat-without-period",
-        "proxy-needed", "no-nodes", "rates-above-1", "unknown-invariant", "unknown-field", "spread-without-zones"])
+        "proxy-needed", "no-nodes", "rates-above-1", "unknown-invariant", "unknown-field", "spread-without-zones",
+        "preemption-without-sets", "preemptors-not-higher"])
 def test_validation_errors_name_the_field(change, path, message):
     with pytest.raises(ScenarioError) as e:
         parse_scenario({**MINIMAL, **change})
     assert f"{path}: " in str(e.value) and message in str(e.value)
+
+
+@pytest.mark.parametrize("node, low, high, want", [
+    (("4", "16Gi"), ("1", "1Gi"), ("2", "1Gi"), 2),   # 4 low pods fill the node's cpu: 2 must go
+    (("4", "16Gi"), ("1", "4Gi"), ("1", "6Gi"), 2),   # memory decides: 4 x 4Gi, the preemptor needs 6Gi
+    (("3500m", "16Gi"), ("1", "1Gi"), ("1", "1Gi"), 1),  # 500m left: one victim frees the rest
+    (("4", "16Gi"), ("1", "1Gi"), ("100m", "1Gi"), 1),  # even the smallest pod needs room
+], ids=["cpu", "memory", "partial-room", "small-preemptor"])
+def test_minimum_victims_is_what_a_full_node_must_give_up(node, low, high, want):
+    s = parse_scenario({**MINIMAL, "cluster": {"nodes": 2, "cpu": node[0], "memory": node[1]},
+                        "replica_sets": {"replicas": 8, "cpu": low[0], "memory": low[1]},
+                        "workload": {"pods": 1, "cpu": high[0], "memory": high[1], "priority": 10},
+                        "preemption": {"bound_within_s": 5}})
+    assert s.minimum_victims() == want
 
 
 def test_short_merges_settings_key_by_key_and_replaces_the_rest():
