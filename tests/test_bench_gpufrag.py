@@ -131,3 +131,14 @@ def test_check_pods_names_pods_no_node_can_take(tmp_path):
     nodes, _ = trace.load_nodes(nodes_csv)
     assert trace.check_pods(pods, nodes) == ["p5: gpu_spec A100 names no GPU model of the nodes",
                                              "p6: num_gpu 16 is more than any node's GPUs (8)"]
+
+
+def test_run_trace_profile_checks_devices_and_aggregate_is_an_explicit_relaxation():
+    from shardsched.cli.run import TRACE_PROFILE
+    from shardsched.config import load_config
+
+    profile = load_config(TRACE_PROFILE).profiles[0]
+    assert "GPUDevice" in [p.name for p in profile.enabled("filter")]
+    assert profile.plugin_args["GPUDevice"].scoring_strategy == "FGDBestFit"
+    res = CliRunner().invoke(cli, ["run", "--gpu-aggregate"])
+    assert res.exit_code == 2 and "--gpu-aggregate goes with --trace and without --config" in res.output
