@@ -178,6 +178,18 @@ def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(path or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
 
 
+def _shown_path(path: Path) -> str:
+    """``path`` as a saved report shows it: relative to the project's root (the shipped copy) or to
+    the working directory where it lies under either, else as given, so that a result names no
+    machine's absolute paths."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        try:
+            return str(path.resolve().relative_to(root))
+        except ValueError:
+            continue
+    return str(path)
+
+
 def load_workloads(directory: str | os.PathLike[str] | None = None) -> list[Workload]:
     """Every workload of every ``*/performance-config.yaml`` under the folder, plus `BATCHING_CONFIG`.
 
@@ -585,7 +597,7 @@ class PerfParams:
     config_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"workloads": self.workloads or list(DEFAULT_WORKLOADS), "data_dir": str(data_dir(self.data_dir)),
+        return {"workloads": self.workloads or list(DEFAULT_WORKLOADS), "data_dir": _shown_path(data_dir(self.data_dir)),
                 "shards": self.shards, "batch_size": self.batch_size, "max_batch_size": self.max_batch_size,
                 "seed": self.seed, "config": self.config_path}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -137,10 +138,17 @@ def _row_pods(ctx, param, value) -> dict[str, int]:
     return out
 
 
+def _relative(path) -> str:
+    """A plot's path relative to the working directory where it lies under it, else as given (a
+    saved result names no machine's absolute paths)."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
+
+
 def _emit(kw: dict, data: dict, markdown: str, plot) -> None:
     paths = plot() if kw["plot_dir"] else []
     if paths:
-        data["plots"] = paths
+        data["plots"] = [_relative(p) for p in paths]
     if kw["save_json"]:
         with open(kw["save_json"], "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
