@@ -18,7 +18,8 @@ look at each device. This plugin does that over the NodeTable's device columns
   per node (`scoring.to_node_score`). FGD measures fragmentation against typical pods: those of the args, else the shapes of
   the pods this plugin has scored so far (rebuilt each time their number doubles).
 - `choose_devices`: the devices the strategy takes on the chosen node; the scheduler records them
-  with the placement (`PodUsage.devices`, and the pod annotation ``shardsched.io/gpu-devices``).
+  with the placement (`PodUsage.devices`); a pod bound with the annotation
+  ``shardsched.io/gpu-devices`` is counted on the devices it names (not written at bind yet).
 """
 
 from __future__ import annotations
