@@ -313,13 +313,15 @@ def _ray(ray_session):
 
 @pytest.mark.heavy
 def test_a_run_scaled_1_4_2_mid_burst_keeps_every_invariant(redis_server, _ray):
-    """Pods arrive over 10 s (with SHARDSCHED_HEAVY=1 25,000, 2,500/s, about what one shard binds
-    here; else 6,000, so that a loaded machine keeps up with the arrivals); at 2 s the run goes to
-    4 shards, at 7.5 s back to 2, both while pods still arrive. No pod is lost or bound twice, no
+    """Pods arrive steadily (with SHARDSCHED_HEAVY=1 25,000 over 10 s, 2,500/s, about what one
+    shard binds here; else 8,000 over 20 s, so that a loaded machine keeps up with the arrivals);
+    at 2 s the run goes to 4 shards, at 7.5 s back to 2, both while pods still arrive (the second
+    step waits for the first, whose three new shard actors can take 8 s to start on an idle
+    machine and longer on a loaded one: the short form's arrivals outlast that). No pod is lost or bound twice, no
     node overcommitted; the nodes moved at each step are close to the ideal (growth: 1 - 1/4;
     shrinking: exactly the removed shards' share, about 1 - 2/4); the throughput before, during
     and after each step is reported."""
-    n, span_s, nodes = 25_000 if HEAVY else 6_000, 10.0, 1200
+    n, span_s, nodes = (25_000, 10.0, 1200) if HEAVY else (8_000, 20.0, 1200)
     pods = uniform_pods(n, cpu="250m", memory="256Mi", scheduler_name=SCHEDULER)
     workload = [(span_s * i / n, None, p) for i, p in enumerate(pods)]
     options = RunOptions(shards=1, redis_url=redis_server.url, timeout_s=90.0, scale_at=[(2.0, 4), (7.5, 2)],
