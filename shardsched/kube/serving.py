@@ -86,9 +86,6 @@ class _CoordinatorRef:
     def handoff(self, shard: int, items) -> None:
         self.coordinator.handoff(shard, items)
 
-    def committed(self, shard: int, uids) -> None:
-        self.coordinator.committed(shard, uids)
-
 
 class KubeRuntime:
     """Redis (embedded unless ``redis_url``), then the coordinator and shards (module docstring).

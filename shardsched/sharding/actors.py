@@ -164,7 +164,6 @@ class CoordinatorHost:
         return self.coordinator.status()
 
     def handoff(self, shard, items): self.coordinator.handoff(shard, items)
-    def committed(self, shard, uids): self.coordinator.committed(shard, uids)
     def status(self): return self.coordinator.status()
     def unschedulable_reasons(self): return self.coordinator.unschedulable_reasons()
     def pending_keys(self): return self.coordinator.pending_keys()

@@ -50,7 +50,7 @@ from shardsched.metrics import ERROR, SCHEDULED
 from shardsched.plugins.defaultbinder.plugin import RESULTS_KEY as BIND_RESULTS_KEY
 from shardsched.queue import QueuedPodInfo
 from shardsched.sharding.protocols import BIND_CONFLICT, BIND_FAILED, FENCED, INSUFFICIENT, Handoff
-from shardsched.store.ledger import Ledger, LedgerCode, ReservationRef, ReserveCode, ReserveItem
+from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem
 
 if TYPE_CHECKING:
     from shardsched.sharding.shard import Shard
@@ -165,27 +165,14 @@ class LedgerPlugin(ReservePlugin, PermitPlugin, PostBindPlugin):
         return out
 
     def post_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
-        """Bound: the reservations become usage and the leases are released (one call each); the
-        coordinator hears which pods are committed (`Rebalancer.committed`), so that it does not
-        observe them into the ledger again, nor send them back to this shard, when the watch shows
-        them bound."""
-        s = self.shard
+        """Bound: the reservations become usage and the leases are released (one call each)."""
         tokens = state.read(LEASES_KEY)
         try:
-            codes = s.ledger.commit([ReservationRef(p.uid, n, tokens[p.uid]) for p, n in zip(pods, nodes)])
+            self.shard.ledger.commit([ReservationRef(p.uid, n, tokens[p.uid]) for p, n in zip(pods, nodes)])
+            self.shard.ledger.release_leases({p.uid: tokens[p.uid] for p in pods}, self.shard.member)
         except TemporaryError as e:
             # Bound in the cluster: the truth. The watch's observe converts the reservation.
-            log.warning("shard %s: commit after bind failed (%s); the watch will reconcile", s.member, e)
-        else:  # a reservation that expired before the commit (NOT_FOUND) is left to the watch's observe
-            with s._lock:  # and so is a pod the table no longer counts there (its node went meanwhile)
-                counted = [p.uid for p, n in zip(pods, nodes)
-                           if codes.get(p.uid) in (LedgerCode.CONVERTED, LedgerCode.ALREADY) and s.table.node_of(p.uid) == n]
-            if counted:
-                s.rebalancer.committed(s.index, counted)
-        try:
-            s.ledger.release_leases({p.uid: tokens[p.uid] for p in pods}, s.member)
-        except TemporaryError as e:  # they expire on their own (TTL)
-            log.warning("shard %s: leases not released after bind (%s); they expire", s.member, e)
+            log.warning("shard %s: commit after bind failed (%s); the watch will reconcile", self.shard.member, e)
 
 
 class MarkedBinds:

@@ -173,8 +173,6 @@ class CoordinatorAPI(Protocol):
 
     def handoff(self, shard: int, items: list[Handoff]) -> None: ...
 
-    def committed(self, shard: int, uids: list[str]) -> None: ...
-
 
 class CoordinatorClient:
     """`CoordinatorAPI` over a `Channel`; also a shard's `shardsched.sharding.protocols.Rebalancer`
@@ -185,9 +183,6 @@ class CoordinatorClient:
 
     def handoff(self, shard: int, items: list[Handoff]) -> Reply[None]:
         return self.channel.send(CoordinatorAPI.handoff, shard, items)
-
-    def committed(self, shard: int, uids: list[str]) -> Reply[None]:
-        return self.channel.send(CoordinatorAPI.committed, shard, uids)
 
 
 class ClusterClient:

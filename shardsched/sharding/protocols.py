@@ -51,9 +51,3 @@ class Rebalancer(Protocol):
     def handoff(self, shard: int, items: list[Handoff]) -> None:
         """Take pods a shard cannot place now (fire and forget)."""
         ...
-
-    def committed(self, shard: int, uids: list[str]) -> None:
-        """Pods this shard bound and committed in the ledger (fire and forget): it counts them in
-        its table for good, so when the watch shows them bound the coordinator observes them into
-        the ledger and sends them back to it only if this report did not come (`Intake`)."""
-        ...

@@ -14,7 +14,6 @@ gate. What the intake returns (`Changes`) says which pending pods are new, for t
 from __future__ import annotations
 
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -37,14 +36,6 @@ from shardsched.sharding.calls import RemoteUnavailable
 from shardsched.store.ledger import MAX_AMOUNT, BoundPod, NodeEntry
 
 log = logging.getLogger(__name__)
-
-#: how long a pod the watch showed bound by the shard it was routed to waits for that shard's
-#: report that it committed it (`Intake.committed`) before the intake observes it into the
-#: ledger and sends it to the shard as it does for any bound pod; well inside a reservation's TTL,
-#: which keeps the pod's room counted meanwhile
-COMMIT_REPORT_WAIT_S = 2.0
-#: how long a report is kept for a pod the watch has not shown bound yet
-COMMIT_REPORT_KEEP_S = 60.0
 
 #: watch events taken per poll: enough to amortize the call, few enough that decoding a burst's
 #: events does not balloon the coordinator's memory (a Python heap rarely shrinks back)
@@ -114,7 +105,6 @@ class Intake:
         state.reset_table()
         state.nominated.clear()
         state.bound_on.clear()
-        state.awaiting_commit.clear()  # the list counts them again
         state.gated.clear()  # the list shows every gated pod again
         infos = []
         for obj in nodes:
@@ -160,8 +150,6 @@ class Intake:
             return Changes()
         if not events:
             state.rv = rv
-            if state.awaiting_commit:
-                self._apply_bound_pods([], defaultdict(list))
             return Changes()
         node_events = [(e.type, e.object) for e in events if e.kind == "Node"]
         pod_events = [(e.type, e.object) for e in events if e.kind == "Pod"]
@@ -271,7 +259,6 @@ class Intake:
     def _apply_pods(self, events: list[tuple[str, dict]]) -> list[PodInfo]:
         """Apply pod events; returns the pending pods first seen, to be routed."""
         state = self.state
-        now = time.monotonic()
         # pending pods first seen in this batch, routed after it: a later event of the same batch
         # (deleted, bound by someone else, updated) replaces or cancels the entry
         new: dict[str, PodInfo] = {}
@@ -338,22 +325,9 @@ class Intake:
                 state.bound_on[uid] = node
                 usage = PodUsage.of(pod)
                 state.table.add_pod(usage, node)
-                bound = BoundPod(uid, node, pod.requests)
-                owner = state.owners.get(node)
-                if t is not None and owner is not None and t.shard == owner:
-                    # perhaps bound by the shard it was routed to (or by someone else: the watch
-                    # does not say): its report (`committed`) says it is counted there already
-                    report = state.commits.pop(uid, None)
-                    if report is None:  # not yet: the ledger must count it now, the shard can wait
-                        observe.append(bound)
-                        state.awaiting_commit[uid] = (now + COMMIT_REPORT_WAIT_S, node, usage)
-                    elif report[0] != owner:
-                        observe.append(bound)
-                        adds[owner].append((usage, node))
-                else:
-                    observe.append(bound)
-                    if owner is not None:
-                        adds[owner].append((usage, node))
+                observe.append(BoundPod(uid, node, pod.requests))
+                if node in state.owners:
+                    adds[state.owners[node]].append((usage, node))
                 if t is not None:
                     state.unroute(t.shard)
                     state.counters["bound"] += 1
@@ -385,8 +359,11 @@ class Intake:
                 if nominated in state.table.index and uid not in state.nominated:
                     state.table.add_pod(PodUsage.of(pod), nominated)
                     state.nominated[uid] = nominated
-        self._apply_bound_pods(observe, adds, forget)
+        self.ledger_sync.owe_pods(observe, forget)
+        self.ledger_sync.flush()
         self.preemption.forget(preemptors_done)
+        for index, items in adds.items():
+            state.shards[index].client.apply_bound(items, [])
         for index, uids in removes.items():
             state.shards[index].client.apply_bound([], uids)
         for index, keys in unqueue.items():
@@ -417,57 +394,6 @@ class Intake:
             return None
         table.add_pod(usage, node)
         return usage
-
-    def committed(self, shard: int, uids: list[str]) -> None:
-        """A shard's report (fire and forget, on the thread that takes its call): it bound these
-        pods, committed them in the ledger and counts them in its table for good. When the watch
-        shows such a pod bound on a node of that shard after the report, the intake counts it in
-        its own table but neither observes it into the ledger again nor sends it back to the shard:
-        the bound pod is counted once in each place. When the watch shows it first, the intake
-        cannot tell this shard's bind from another scheduler's: it observes the pod into the
-        ledger at once (the second check must see a rival's pod), and sends it to the shard only
-        if the report has not come `COMMIT_REPORT_WAIT_S` later (a bind by someone else, a
-        failed commit, a lost report; `_apply_bound_pods`)."""
-        now = time.monotonic()
-        commits = self.state.commits
-        for uid in uids:
-            commits[uid] = (shard, now)
-
-    def _apply_bound_pods(self, observe: list[BoundPod], adds: dict[int, list],
-                          forget: Mapping[str, str] | None = None) -> None:
-        """Settle the pods waiting for their shard's commit report (`committed`), then write the
-        bound pods to the ledger (``observe``) and the gone ones (``forget``), and send the bound
-        pods to their shards (``adds``)."""
-        state = self.state
-        waiting = state.awaiting_commit
-        now = time.monotonic()
-        if state.commits and waiting:
-            for uid, (shard, at) in list(state.commits.items()):
-                entry = waiting.pop(uid, None)
-                if entry is not None:
-                    state.commits.pop(uid, None)
-                    _, node, usage = entry
-                    if state.owners.get(node) != shard and state.bound_on.get(uid) == node:  # moved meanwhile
-                        if node in state.owners:
-                            adds[state.owners[node]].append((usage, node))
-                elif now - at > COMMIT_REPORT_KEEP_S:
-                    state.commits.pop(uid, None)
-        while waiting:
-            uid, (deadline, node, usage) = next(iter(waiting.items()))
-            if deadline > now:
-                break
-            waiting.popitem(last=False)
-            if state.bound_on.get(uid) == node:  # still bound there: no report came
-                if node in state.owners:
-                    adds[state.owners[node]].append((usage, node))
-        if len(state.commits) > 10 * WATCH_BATCH:  # reports of pods the watch never showed bound
-            for uid, (_, at) in list(state.commits.items()):
-                if now - at > COMMIT_REPORT_KEEP_S:
-                    state.commits.pop(uid, None)
-        self.ledger_sync.owe_pods(observe, forget or {})
-        self.ledger_sync.flush()
-        for index, items in adds.items():
-            state.shards[index].client.apply_bound(items, [])
 
     def _pre_enqueue(self, pod: PodInfo, obj: Mapping[str, Any]) -> bool:
         """Whether a pending pod may be queued: its profile's PreEnqueue plugins pass (upstream's

@@ -4,7 +4,7 @@ NodeTable, under one lock (`CoordinatorState`)."""
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,7 +82,6 @@ class CoordinatorState:
         pdbs: ``namespace/name`` -> PodDisruptionBudget, from the watch (what preemption reads).
         routed: int64 array, shape (shards,): pods routed per shard and not yet bound.
         gated: uid -> pod key, pods a PreEnqueue plugin keeps out of the queue.
-        commits, awaiting_commit: see `Intake.committed`.
         invalid: pod key -> why it cannot be scheduled (bad spec).
     """
 
@@ -106,12 +105,6 @@ class CoordinatorState:
         self.routed = np.zeros(0, np.int64)
         self.gated: dict[str, str] = {}
         self.invalid: dict[str, str] = {}
-        #: uid -> (shard index, time.monotonic()) of the pods shards reported committed
-        #: (`Intake.committed`: written by the threads that take the shards' calls) ...
-        self.commits: dict[str, tuple[int, float]] = {}
-        #: ... and uid -> (deadline, node, usage) of pods the watch showed bound on a node of the
-        #: shard they were routed to, whose report has not come yet (oldest first)
-        self.awaiting_commit: OrderedDict[str, tuple[float, str, PodUsage]] = OrderedDict()
         self.metrics = ShardMetrics()
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.last_error = ""
