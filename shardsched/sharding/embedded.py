@@ -378,6 +378,7 @@ class EmbeddedRun:
             if stop.wait(max(0.0, t0 + at_s - time.monotonic())):
                 return
             try:
+                self.meter.sample()  # the shards this step removes keep their CPU up to here
                 ray.get(self.coordinator.scale.remote(n), timeout=self.options.timeout_s)
                 self._meter_shards()
             except Exception as e:  # noqa: BLE001 - report, do not crash the run
