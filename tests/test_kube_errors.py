@@ -551,6 +551,9 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
         step.start()
         wait_for(lambda: state["binding"])
         assert ledger.binding_marks() == (1, int(n >= binder.bind_workers)), "the shard marked its binds in flight"
+        # the writer's gate asks the ledger at most every PEER_POLL_S: let the answer it may hold
+        # from before the mark (idle) expire, so that its next write reads the mark
+        time.sleep(writer.gate.PEER_POLL_S)
         for p in pods[:3] * 2:
             writer.record_event({"kind": "Pod", "namespace": "default", "name": p["metadata"]["name"]},
                                 "Normal", "Test", "written by another process")
