@@ -53,7 +53,7 @@ from shardsched.metrics import ERROR, SCHEDULED, UNSCHEDULABLE
 from shardsched.plugins.coscheduling.plugin import NAME as COSCHEDULING
 from shardsched.queue import QueuedPodInfo
 from shardsched.sharding.coordinator.events import record_unschedulable
-from shardsched.sharding.coordinator.nominator import unnominate
+from shardsched.sharding.coordinator.nominator import release_ledger_holds, unnominate
 from shardsched.sharding.coordinator.preemption import NOMINATION_TTL_MS, cluster_scheduler
 from shardsched.sharding.coordinator.router import slim
 from shardsched.sharding.coordinator.state import CoordinatorState, Tracked
@@ -325,12 +325,7 @@ class Gangs:
 
     # ------------------------------------------------------------------ ledger holds
     def _release(self, holds: dict[str, str]) -> None:
-        if not holds:
-            return
-        try:
-            self.state.ledger.unnominate(holds)
-        except TemporaryError as e:  # they expire (NOMINATION_TTL_MS)
-            self.state.last_error = f"gang holds not released: {e}"
+        release_ledger_holds(self.state, holds, "gang holds")
 
     def _renew(self) -> None:
         """Extend the holds of the members on their way; a member whose hold the ledger lost (a

@@ -5,6 +5,7 @@ deleted or handed back (`unnominate`)."""
 from __future__ import annotations
 
 from shardsched.api.objects import PodInfo
+from shardsched.errors import TemporaryError
 from shardsched.scheduler.algorithm import ScheduleResult
 from shardsched.sharding.coordinator.state import CoordinatorState
 
@@ -51,3 +52,15 @@ def unnominate(state: CoordinatorState, uid: str) -> None:
     """Undo `nominate`'s assume; safe to call for any pod."""
     if state.nominated.pop(uid, None) is not None and uid not in state.bound_on:
         state.table.remove_pod(uid)
+
+
+def release_ledger_holds(state: CoordinatorState, holds: dict[str, str], what: str) -> None:
+    """Clear nominations (uid -> node) in the ledger: preemptors' nominations and gang members'
+    holds alike. A ledger that does not answer is noted in ``state.last_error`` ("``what`` not
+    released: ..."); the holds then expire by themselves (``NOMINATION_TTL_MS``)."""
+    if not holds:
+        return
+    try:
+        state.ledger.unnominate(holds)
+    except TemporaryError as e:
+        state.last_error = f"{what} not released: {e}"

@@ -48,7 +48,7 @@ from shardsched.errors import TemporaryError
 from shardsched.framework.interface import PostFilterResult
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
 from shardsched.store.ledger import NominateItem
-from shardsched.sharding.coordinator.nominator import unnominate
+from shardsched.sharding.coordinator.nominator import release_ledger_holds, unnominate
 from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
 
 log = logging.getLogger(__name__)
@@ -386,9 +386,4 @@ class Preemption:
             state.last_error = f"nominations not renewed: {e}"
 
     def _unnominate_ledger(self, nominations: dict[str, str]) -> None:
-        if not nominations:
-            return
-        try:
-            self.state.ledger.unnominate(nominations)
-        except TemporaryError as e:  # they expire (NOMINATION_TTL_MS)
-            self.state.last_error = f"nominations not released: {e}"
+        release_ledger_holds(self.state, nominations, "nominations")
