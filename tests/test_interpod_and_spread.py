@@ -966,6 +966,42 @@ def test_cache_sees_the_pods_a_pod_without_terms_avoids_through_the_scheduler():
             for i in range(1, 20)} == {first.node}
 
 
+GROUP = "scheduling.x-k8s.io/pod-group"
+
+
+def test_the_pod_group_label_is_not_part_of_the_signature_unless_the_pods_own_terms_read_it():
+    """Members of two gangs that differ only by the PodGroup label share a signature (one cached
+    decision for many gangs); a pod whose own terms read that label keeps it in the signature."""
+    a, b = lp("a", cpu="100m", app="web", **{GROUP: "g1"}).info(), lp("b", cpu="100m", app="web", **{GROUP: "g2"}).info()
+    assert a.signature == b.signature
+    assert lp("c", cpu="100m", app="db", **{GROUP: "g1"}).info().signature != a.signature
+    own = [with_terms(lp(n, cpu="100m", app="web", **{GROUP: g}), "podAffinity",
+                      [aterm(ZONE, exprs=[{"key": GROUP, "operator": "Exists"}])]).info() for n, g in (("x", "g1"), ("y", "g2"))]
+    assert own[0].signature != own[1].signature
+
+
+@pytest.mark.parametrize("first", ["g1", "g2"], ids=["guarded-gang-first", "other-gang-first"])
+def test_a_pod_group_label_that_existing_pods_terms_read_decides_with_its_own_cache_entry(first):
+    """An existing pod anti-affine to gang g1's members (its term reads the PodGroup label): a g1
+    member avoids its node, a g2 member of the same signature does not, whichever is decided
+    first (the cache keys the label in once a counted pod reads it)."""
+    table = table_of(node("n1"), node("n2"))
+    sched = scheduler(table, seed=3)
+    guard = with_terms(lp("guard", cpu="100m", app="guard"), required=[aterm(**{GROUP: "g1"})]).on("n1").info()
+    table.add_pod(PodUsage.of(guard), "n1")
+    filler = lp("filler", cpu="100m", app="guard").on("n2").info()  # so that n1 and n2 score alike
+    table.add_pod(PodUsage.of(filler), "n2")
+    assert table.reads_pod_label(GROUP) and not table.reads_pod_label("app")
+    member = {g: lp(f"m-{g}", cpu="100m", app="web", **{GROUP: g}).info() for g in ("g1", "g2")}
+    second = "g2" if first == "g1" else "g1"
+    nodes = {g: {sched.schedule(member[g], assume=False).node for _ in range(20)} for g in (first, second)}
+    assert nodes == {"g1": {"n2"}, "g2": {"n1", "n2"}}
+    table.remove_pod(guard.uid)
+    table.remove_pod(filler.uid)
+    assert not table.reads_pod_label(GROUP)
+    assert {sched.schedule(member["g1"], assume=False).node for _ in range(20)} == {"n1", "n2"}
+
+
 def test_cache_self_affine_group_follows_its_first_pod():
     """Pods affine to their own labels over zones: the first goes anywhere (the first-pod rule); all
     the next ones (same signature) must follow it into its zone."""

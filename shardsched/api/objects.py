@@ -25,6 +25,9 @@ from shardsched.api.workloads import controller_of
 from shardsched.errors import InvalidObjectError
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: the label a pod names its PodGroup by (scheduler-plugins' ``v1alpha1.PodGroupLabel``;
+#: `shardsched.api.podgroup` has the groups)
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 PREEMPT_LOWER_PRIORITY, PREEMPT_NEVER = "PreemptLowerPriority", "Never"
 PREEMPTION_POLICIES = (PREEMPT_LOWER_PRIORITY, PREEMPT_NEVER)
 DEFAULT_GRACE_PERIOD_S = 30
@@ -462,9 +465,11 @@ class PodInfo:
         return f"{self.namespace}/{self.name}"
 
     def nominated(self, node: str) -> "PodInfo":
-        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated."""
+        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated
+        (without hashing the spec again when the pod had no nomination)."""
+        base = self.signature if not self.nominated_node_name else self._spec_signature()
         copy = dataclasses.replace(self, nominated_node_name=node)
-        copy.signature = copy.compute_signature()
+        copy.signature = _with_nomination(base, node)
         return copy
 
     @property
@@ -594,12 +599,34 @@ class PodInfo:
         info.signature = info.compute_signature()
         return info
 
+    def _signature_labels(self) -> dict[str, str]:
+        """The labels the signature holds (`compute_signature`)."""
+        labels = self.labels
+        if POD_GROUP_LABEL not in labels or self.reads_own_label(POD_GROUP_LABEL):
+            return labels
+        return {k: v for k, v in labels.items() if k != POD_GROUP_LABEL}
+
+    def reads_own_label(self, key: str) -> bool:
+        """Whether the pod's own pod (anti-)affinity terms or spread constraints read its label ``key``
+        (InterPodAffinity's and PodTopologySpread's self-match)."""
+        return self.pod_affinity.reads_label(key) or any(
+            c.selector is not None and c.selector.reads(key) for c in self.spread_constraints)
+
     def compute_signature(self) -> str:
         """Digest of the scheduling-relevant spec: requests, selectors, affinity, tolerations, ports,
         ``spec.nodeName`` (the NodeName filter depends on it), the scheduling gates, the volumes
         that need binding or a volume plugin's check, the resource claims, and what InterPodAffinity
         and PodTopologySpread read of the pod itself
-        (namespace, labels, pod affinity terms, spread constraints), and the nominated node."""
+        (namespace, labels, pod affinity terms, spread constraints), and the nominated node.
+
+        The PodGroup label (`POD_GROUP_LABEL`) is left out unless the pod's own terms read it: it
+        names the pod's gang, which no Filter or Score reads, so the members of many gangs share
+        one signature. Other pods' terms and the spread selectors can still read it; the scheduler
+        tells those cases apart (`GenericScheduler`, ``NodeTable.reads_pod_label``)."""
+        return _with_nomination(self._spec_signature(), self.nominated_node_name)
+
+    def _spec_signature(self) -> str:
+        """`compute_signature` without the nominated node."""
         parts = (
             self.node_name,
             sorted(self.requests.items()),
@@ -618,13 +645,19 @@ class PodInfo:
             self.resource_claims,
             # InterPodAffinity and PodTopologySpread read the pod's own namespace, labels and terms
             self.namespace,
-            sorted(self.labels.items()),
+            sorted(self._signature_labels().items()),
             None if self.pod_affinity.empty else self.pod_affinity.key,
             repr(self.spread_constraints) if self.spread_constraints else None,
-            self.nominated_node_name,
             self.controller,  # PodTopologySpread's default constraints read its selector
         )
         return hashlib.blake2b(json.dumps(parts, default=list).encode(), digest_size=12).hexdigest()
+
+def _with_nomination(spec_signature: str, node: str) -> str:
+    """The signature of a pod with spec signature ``spec_signature`` nominated to ``node``."""
+    if not node:
+        return spec_signature
+    return hashlib.blake2b(f"{spec_signature}/{node}".encode(), digest_size=12).hexdigest()
+
 
 @dataclass(slots=True)
 class NodeInfo:

@@ -75,6 +75,10 @@ class LabelSelector:
                 return False
         return all(_requirement_matches(r, labels) for r in self.match_expressions)
 
+    def reads(self, key: str) -> bool:
+        """Whether the selector's answer can depend on the label ``key``."""
+        return any(k == key for k, _ in self.match_labels) or any(r[0] == key for r in self.match_expressions)
+
     def with_requirements(self, extra: tuple[LabelRequirement, ...]) -> "LabelSelector":
         """This selector with more requirements ANDed (for ``matchLabelKeys``)."""
         return LabelSelector(self.match_labels, self.match_expressions + extra) if extra else self
@@ -219,6 +223,12 @@ class PodAffinity:
     def empty(self) -> bool:
         return not (self.required_affinity or self.required_anti_affinity
                     or self.preferred_affinity or self.preferred_anti_affinity)
+
+    def reads_label(self, key: str) -> bool:
+        """Whether any term's labelSelector reads the pod label ``key``."""
+        terms = (*self.required_affinity, *self.required_anti_affinity,
+                 *(t for _, t in self.preferred_affinity), *(t for _, t in self.preferred_anti_affinity))
+        return any(t.selector is not None and t.selector.reads(key) for t in terms)
 
 
 NO_POD_AFFINITY = PodAffinity()

@@ -12,15 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardsched.api.objects import parse_time
+from shardsched.api.objects import POD_GROUP_LABEL, parse_time
 from shardsched.api.quantity import PODS, parse_resource_list
 from shardsched.errors import InvalidObjectError
 
 GROUP = "scheduling.x-k8s.io"
 API_VERSION = f"{GROUP}/v1alpha1"
 KIND = "PodGroup"
-#: the label a pod names its group by (upstream ``v1alpha1.PodGroupLabel``)
-POD_GROUP_LABEL = f"{GROUP}/pod-group"
 
 #: ``status.phase`` values of the PodGroup controller (scheduler-plugins v0.34's ``PodGroupPhase``)
 PENDING, SCHEDULING, RUNNING, FINISHED, FAILED = "Pending", "Scheduling", "Running", "Finished", "Failed"

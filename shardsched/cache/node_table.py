@@ -149,6 +149,7 @@ class NodeTable:
         #: changes whenever a counted pod with pod (anti-)affinity terms is added or removed, a
         #: namespace's labels change (`set_namespaces`) or a spread selector does (`set_spread_selectors`)
         self.affinity_generation = 0
+        self._reads_label: tuple[int, dict[str, bool]] = (-1, {})  # `reads_pod_label`'s, per generation
         #: the cluster's storage objects the volume plugins read (`VolumeCatalog`), None where the
         #: owner keeps none (the volume plugins then hold the pods that need them)
         self.volumes: VolumeCatalog | None = None
@@ -546,6 +547,23 @@ class NodeTable:
         if changed:
             self.affinity_generation += 1
         return changed
+
+    def reads_pod_label(self, key: str) -> bool:
+        """Whether a counted pod's pod (anti-)affinity term or a spread selector (a Service's or a
+        workload's, read by PodTopologySpread's default constraints) reads the pod label ``key``:
+        then two pods that differ only by that label may fit or score differently here. Cached
+        until ``affinity_generation`` moves."""
+        generation, memo = self._reads_label
+        if generation != self.affinity_generation:
+            memo = {}
+            self._reads_label = (self.affinity_generation, memo)
+        hit = memo.get(key)
+        if hit is None:
+            sel = self.spread_selectors
+            selectors = [term.selector for _, _, term in self.term_slots]
+            selectors += [x for by in sel.services.values() for x in by.values()] + list(sel.controllers.values())
+            hit = memo[key] = any(x is not None and x.reads(key) for x in selectors)
+        return hit
 
     # ------------------------------------------------------------------ pods by labels
     def labels_of_namespace(self, namespace: str) -> Mapping[str, str]:

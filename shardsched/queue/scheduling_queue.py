@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from shardsched.api.objects import PodInfo
+from shardsched.api.objects import POD_GROUP_LABEL, PodInfo
 from shardsched.queue.clock import Clock, RealClock
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,10 @@ class QueuedPodInfo:
 def _may_help(old: PodInfo, new: PodInfo) -> bool:
     """True if an update may change where the pod fits (upstream ``isPodUpdated``, narrowed to the
     scheduling signature and the priority: status and annotation changes do not count; labels do,
-    since InterPodAffinity and PodTopologySpread read the pod's own labels)."""
-    return old.signature != new.signature or old.priority != new.priority
+    since InterPodAffinity and PodTopologySpread read the pod's own labels, the PodGroup label too,
+    which the signature leaves out)."""
+    return (old.signature != new.signature or old.priority != new.priority
+            or old.labels.get(POD_GROUP_LABEL) != new.labels.get(POD_GROUP_LABEL))
 
 
 def _compact(heap: list, live: dict) -> None:

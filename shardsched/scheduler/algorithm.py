@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardsched.api.disruption import PodDisruptionBudget
-from shardsched.api.objects import PodInfo
+from shardsched.api.objects import POD_GROUP_LABEL, PodInfo
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.framework.cycle_state import FEASIBLE_NODES_KEY, CycleState
 from shardsched.framework.diagnosis import Diagnosis, fit_error_message  # noqa: F401  (fit_error_message: re-exported)
@@ -261,9 +261,18 @@ class GenericScheduler:
         return None
 
     # ------------------------------------------------------------------ cache
+    def _cache_key(self, pod: PodInfo) -> str:
+        """The pod's signature, with its PodGroup label when a pod or a spread selector on this
+        table reads that label (``PodInfo.compute_signature`` leaves it out)."""
+        group = pod.labels.get(POD_GROUP_LABEL)
+        if group is None or not self.table.reads_pod_label(POD_GROUP_LABEL):
+            return pod.signature
+        return f"{pod.signature}/{group}"
+
     def _entry(self, pod: PodInfo) -> _Entry:
         table = self.table
-        entry = self.cache.get(pod.signature)
+        key = self._cache_key(pod)
+        entry = self.cache.get(key)
         if (entry is not None and entry.static_generation == table.static_generation and entry.n == table.n
                 and entry.affinity_generation == table.affinity_generation
                 and (entry.volume_generation is None or entry.volume_generation == table.volume_generation)
@@ -280,7 +289,7 @@ class GenericScheduler:
         entry = self._compute(pod)
         if len(self.cache) >= self.cache_size:
             self.cache.pop(next(iter(self.cache)))
-        self.cache[pod.signature] = entry
+        self.cache[key] = entry
         return entry
 
     def _compute(self, pod: PodInfo) -> _Entry:
