@@ -102,3 +102,42 @@ def test_other_gangs_holds_count_by_priority(two_shards: Ledger) -> None:
 def test_an_empty_gang_is_a_caller_bug(two_shards: Ledger) -> None:
     with pytest.raises(ValueError):
         two_shards.reserve_gang(1, [], TTL_MS)
+
+
+def test_gangs_in_one_call_are_each_all_or_nothing_and_count_the_ones_held_before(two_shards: Ledger) -> None:
+    """One call, three gangs: the first is held, the second does not fit beside the first (its
+    hold counts, as a nomination of equal priority would) and writes nothing, the third fits in
+    what the second left and is held: one refusal does not stop the gangs after it."""
+    first = [member("n1", A, 2000), member("n2", B, 2000)]
+    second = [member("n2", B, 1000), member("n1", A, 3000)]
+    third = [member("n1", A, 2000), member("n2", B, 2000)]
+    results = two_shards.reserve_gangs(1, [first, second, third], TTL_MS)
+    assert [r.code for r in results] == [GangCode.OK, GangCode.INSUFFICIENT, GangCode.OK]
+    assert (results[1].uid, results[1].detail) == (second[1].uid, "cpu")
+    assert set(two_shards.nominations("n1")) == {first[0].uid, third[0].uid}
+    assert set(two_shards.nominations("n2")) == {first[1].uid, third[1].uid}
+    # every code comes back per gang, in order
+    fenced, held = [member("n1", B)], [member("n2", B, 0)]
+    assert [r.code for r in two_shards.reserve_gangs(1, [fenced, held], TTL_MS)] == [GangCode.FENCED, GangCode.OK]
+
+
+def test_a_gang_held_again_in_one_call_replaces_its_own_holds(two_shards: Ledger) -> None:
+    """A gang held again (moved within a node) does not count its own earlier holds, and the gang
+    after it counts only the new ones."""
+    gang = [member("n1", A, 3000)]
+    assert two_shards.reserve_gang(1, gang, TTL_MS).ok
+    again = [GangMember(gang[0].uid, "n1", A, {"cpu": 3000})]
+    other = [member("n1", A, 1000)]
+    assert [r.code for r in two_shards.reserve_gangs(1, [again, other], TTL_MS)] == [GangCode.OK, GangCode.OK]
+    assert set(two_shards.nominations("n1")) == {gang[0].uid, other[0].uid}
+    assert [r.code for r in two_shards.reserve_gangs(1, [[member("n1", A, 1)]], TTL_MS)] == [GangCode.INSUFFICIENT]
+
+
+def test_a_uid_in_two_gangs_or_no_gang_is_a_caller_bug(two_shards: Ledger) -> None:
+    m = member("n1", A)
+    with pytest.raises(ValueError):
+        two_shards.reserve_gangs(1, [[m], [m]], TTL_MS)
+    with pytest.raises(ValueError):
+        two_shards.reserve_gangs(1, [], TTL_MS)
+    with pytest.raises(ValueError):
+        two_shards.reserve_gangs(1, [[m], []], TTL_MS)

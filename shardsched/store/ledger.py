@@ -54,6 +54,7 @@ Redis (a Redis Cluster would need a hash tag in the prefix, e.g. ``"{ss}:"``).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -135,8 +136,8 @@ class ReserveItem(ReservationRef):
 
 
 class GangCode(IntEnum):
-    """Outcome of `Ledger.reserve_gang` (gang_reserve.lua), checked per member in this order:
-    FENCED, LEASE_HELD, NODE_UNKNOWN, INSUFFICIENT; else OK."""
+    """Outcome of a gang in `Ledger.reserve_gangs` (gang_reserve.lua), checked per member in this
+    order: FENCED, LEASE_HELD, NODE_UNKNOWN, INSUFFICIENT; else OK."""
 
     OK = 0
     INSUFFICIENT = 1
@@ -159,8 +160,9 @@ class GangMember:
 
 @dataclass(frozen=True, slots=True)
 class GangResult:
-    """Outcome of `Ledger.reserve_gang`: ``code``; when not OK, ``uid`` is the first member that
-    failed and ``detail`` the insufficient resource (INSUFFICIENT) or the lease holder (LEASE_HELD)."""
+    """Outcome of one gang in `Ledger.reserve_gangs`: ``code``; when not OK, ``uid`` is the first
+    member that failed and ``detail`` the insufficient resource (INSUFFICIENT) or the lease holder
+    (LEASE_HELD)."""
 
     code: GangCode
     uid: str = ""
@@ -594,38 +596,45 @@ class Ledger:
         return [NominateResult(ReserveCode(code), detail, tuple(dropped) if isinstance(dropped, list) else ())
                 for code, detail, dropped in out]
 
-    @_translate_errors
     def reserve_gang(self, epoch: int, members: Sequence[GangMember], ttl_ms: int) -> GangResult:
-        """Hold a whole gang on its nodes, all or nothing, in one Redis call across the shards.
+        """Hold one gang, all or nothing (`reserve_gangs` with one gang)."""
+        return self.reserve_gangs(epoch, [members], ttl_ms)[0]
 
-        Per member, in order: ``epoch`` must be the current shard-map epoch and ``member.shard`` the
-        node's owner (else FENCED); no shard may hold a live lease of the member (else LEASE_HELD:
-        a shard is scheduling it); the node must be known (else NODE_UNKNOWN); for every requested
-        resource and the pod count, used + reserved + the node's nominations of other pods of
-        priority >= the member's + the members placed on the node before it + request <=
-        allocatable (else INSUFFICIENT). The first failure writes nothing. When all pass, every
-        member is recorded as a nomination on its node for ``ttl_ms`` ms of server time
+    @_translate_errors
+    def reserve_gangs(self, epoch: int, gangs: Sequence[Sequence[GangMember]], ttl_ms: int) -> list[GangResult]:
+        """Hold gangs on their nodes, each all or nothing, in one Redis call across the shards.
+
+        The gangs are checked in order. Per member of a gang, in order: ``epoch`` must be the
+        current shard-map epoch and ``member.shard`` the node's owner (else FENCED); no shard may
+        hold a live lease of the member (else LEASE_HELD: a shard is scheduling it); the node must
+        be known (else NODE_UNKNOWN); for every requested resource and the pod count, used +
+        reserved + the node's nominations of other pods of priority >= the member's (those of the
+        gangs held before it in this call included) + the gang's members placed on the node before
+        it + request <= allocatable (else INSUFFICIENT). A gang's first failure writes nothing for
+        that gang; the next gang is checked all the same. A gang that passes has every member
+        recorded as a nomination on its node for ``ttl_ms`` ms of server time
         (`renew_nominations` extends, `unnominate` releases them), which `reserve` counts for
         every other pod of equal or lower priority: the gang's room is kept until each member is
         reserved and bound by its owner shard.
 
-        Returns: the `GangResult`. Raises: ValueError for an empty gang or a uid named twice.
+        Returns: one `GangResult` per gang, in order. Raises: ValueError for no gang, an empty
+        gang or a uid named twice (in one gang or two).
         """
-        members = list(members)
+        gangs = [list(g) for g in gangs]
+        if not gangs or not all(gangs):
+            raise ValueError("a gang needs at least one member")
+        members = [m for g in gangs for m in g]
         _check_unique([m.uid for m in members])
         _check_ttl(ttl_ms)
-        if not members:
-            raise ValueError("a gang needs at least one member")
         nodes = list(dict.fromkeys(m.node for m in members))
         index = {n: j for j, n in enumerate(nodes, 1)}
         keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(m.uid) for m in members]
         keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
         items = [[m.uid, index[m.node], m.shard, _encode_resources(m.requests, pod=True), int(m.priority)]
                  for m in members]
-        code, at, detail = json.loads(self._scripts["gang_reserve"](
-            keys=keys, args=[int(epoch), ttl_ms, _json([nodes, items])]))
-        return GangResult(GangCode(code), members[at - 1].uid if at else "", detail)
-
+        ends = list(itertools.accumulate(len(g) for g in gangs))
+        out = json.loads(self._scripts["gang_reserve"](keys=keys, args=[int(epoch), ttl_ms, _json([nodes, items, ends])]))
+        return [GangResult(GangCode(code), members[at - 1].uid if at else "", detail) for code, at, detail in out]
 
     @_translate_errors
     def renew_nominations(self, nominations: Mapping[str, str], ttl_ms: int) -> set[str]:
