@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -162,6 +162,85 @@ class GenericScheduler:
             if assume:
                 table.add_pod(PodUsage.of(pod, result.devices), result.node)
         return result
+
+    def schedule_many(self, pods: Sequence[PodInfo]) -> list[ScheduleResult]:
+        """Schedule ``pods`` one after the other, each assumed on its node before the next one is
+        decided: what `schedule` (``assume=True``) on each in turn does, the same Filter and Score
+        results and a uniform choice among the best nodes at each step, with consecutive pods of
+        one signature placed many at a time (`_schedule_run`).
+
+        The caller passes pods that the profile's state PreFilter plugins treat as one whatever of
+        them is assumed (a gang's members for Coscheduling, whose answer its own members'
+        assumes do not change): they run once for the first pod of each run of one signature.
+
+        Returns one ScheduleResult per pod, in order; never raises for an unschedulable pod.
+        """
+        out: list[ScheduleResult] = []
+        i = 0
+        while i < len(pods):
+            key = self._cache_key(pods[i])
+            j = i + 1
+            while j < len(pods) and self._cache_key(pods[j]) == key:
+                j += 1
+            out += self._schedule_run(pods[i:j])
+            i = j
+        return out
+
+    def _schedule_run(self, pods: Sequence[PodInfo]) -> list[ScheduleResult]:
+        """`schedule_many` for pods of one signature. Where the pod's entry has no score that the
+        whole feasible set normalizes (static or topology scores that vary), no nomination,
+        device, volume or sampling: the best score M is found once for many pods; the next pods
+        take distinct nodes of score M in random order (as many as there are, or pods), are
+        assumed, and those nodes are scored again. One-by-one selection picks the same way as long
+        as each such node falls below M once taken; the first that does not ends the step there
+        (the pods after it are forgotten and decided in the next step). Once no node fits, the
+        rest get the first one's diagnosis (nothing changes in between)."""
+        table, first = self.table, pods[0]
+        if (len(pods) == 1 or table.num_nodes == 0 or first.nominated_node_name or not first.volumes.empty
+                or PodUsage.of(first).gpu is not None
+                or (self._sampled and num_feasible_nodes_to_find(self.framework.percentage_of_nodes_to_score,
+                                                                 table.num_nodes) < table.num_nodes)):
+            return [self.schedule(p) for p in pods]
+        t0, counted = time.perf_counter(), self.duration_s[FILTER] + self.duration_s[SCORE]
+        rejected = self._state_pre_filter(first)
+        if rejected is not None:
+            self.duration_s[FILTER] += time.perf_counter() - t0
+            status = self._prefilter_status(rejected)
+            return [ScheduleResult(p, None, status) for p in pods]
+        entry = self._entry(first)
+        if entry.rejected is None and (entry.static_varies or entry.topology):
+            return [self.schedule(p) for p in pods]
+        out: list[ScheduleResult] = []
+        i = 0
+        while i < len(pods):
+            if entry.rejected is not None:
+                status = self._prefilter_status(entry.rejected)
+                out += [ScheduleResult(p, None, status) for p in pods[i:]]
+                break
+            final = entry.final
+            best = int(final.max())
+            if best < 0:
+                status = self._diagnose(first, entry.state, entry)
+                out += [ScheduleResult(p, None, status) for p in pods[i:]]
+                break
+            top = np.flatnonzero(final == best)
+            m = min(len(pods) - i, len(top))
+            chosen = top if len(top) == 1 else self.rng.choice(top, m, replace=False)
+            names = [table.names[slot] for slot in chosen.tolist()]
+            for pod, name in zip(pods[i:i + m], names):
+                table.add_pod(PodUsage.of(pod, ()), name)
+            entry = self._entry(first)
+            again = np.flatnonzero(entry.final[chosen] >= best)
+            if len(again) and again[0] + 1 < m:
+                m = int(again[0]) + 1
+                for pod in pods[i + m:i + len(names)]:
+                    table.remove_pod(pod.uid)
+                entry = self._entry(first)
+            out += [ScheduleResult(pod, name, Status.success()) for pod, name in zip(pods[i:i + m], names)]
+            i += m
+        duration = self.duration_s
+        duration[SCORE] += time.perf_counter() - t0 - (duration[FILTER] + duration[SCORE] - counted)
+        return out
 
     def _devices(self, pod: PodInfo, node: str) -> tuple[int, ...]:
         """The GPU devices ``pod`` takes on ``node``: the profile's device chooser's (a score
