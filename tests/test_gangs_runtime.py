@@ -164,3 +164,23 @@ def test_a_shard_replaced_while_its_members_are_held_and_the_gang_completes(ledg
     inv = world.cluster.invariants()
     assert inv["double_binds"] == 0 and inv["overcommitted_nodes"] == [] and inv["bind_conflicts"] == 0
     assert holds(world) == {}
+
+
+def test_gangs_decided_in_one_pass_are_held_each_all_or_nothing(ledger) -> None:
+    """Three gangs due at once are decided in one pass and held in one ledger call; the ledger
+    refuses one of them (a shard holds the lease of one of its members), which holds nothing and
+    is decided again, while the other two are held and bound."""
+    world = World(ledger, n_nodes=4, shards=2, config=CONFIG)
+    made = {g: gang(world, g, 2) for g in ("g0", "g1", "g2")}
+    uids = {g: {p["metadata"]["uid"] for p in pods} for g, pods in made.items()}
+    ledger.acquire_leases([made["g1"][1]["metadata"]["uid"]], "elsewhere@1", 300)
+    world.coordinator.step()  # intake, then one pass over the three gangs
+    counters = world.coordinator.state.counters
+    assert (counters["gangs_placed"], counters["gang_refusals"]) == (2, 1)
+    held = {uid for on_node in holds(world).values() for uid in on_node}
+    assert held == uids["g0"] | uids["g2"]
+    world.settle()
+    assert bound_per_group(world) == {"g0": 2, "g1": 2, "g2": 2}
+    assert holds(world) == {}
+    attempts = world.coordinator.state.metrics.podgroup_attempts
+    assert attempts.labels("scheduled")._value.get() == 3 and attempts.labels("error")._value.get() >= 1

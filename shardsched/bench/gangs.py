@@ -7,8 +7,9 @@ workload (``G x S``: G gangs of S pods, 100m CPU each, minMember S, created at o
 PodGroups):
 
 - **decide + hold**: from the first step after the intake caught up with the burst to the last
-  gang held in the ledger: every member's decision over every node, one `Ledger.reserve_gang` per
-  gang, the members sent to their shards; pods/s = members / that time;
+  gang held in the ledger: every member's decision over every node, the gangs' holds
+  (`Ledger.reserve_gangs`, one call for the gangs of one pass), the members sent to their shards;
+  pods/s = members / that time;
 - **to bound**: from the same start until every member is bound (the shards' reserve, permit
   and bind of the held members included); pods/s likewise.
 

@@ -4,19 +4,23 @@ before any of them reaches a shard.
 
 A pending pod of a profile with Coscheduling that names a PodGroup (its
 ``scheduling.x-k8s.io/pod-group`` label) is not routed on its own: the coordinator holds it
-(`Tracked.shard` = `HELD`) with the other members of its group. For each group with held members,
-at most once per backoff (`Gangs.step`):
+(`Tracked.shard` = `HELD`) with the other members of its group. The groups with held members
+that are due (at most once per backoff) are decided in one pass (`Gangs.step`), in queue order
+(priority, then the group's creation time), over one table:
 
 1. **Decide the whole gang**: the members in queue order, each with every plugin of its profile
    over every node, each assumed on its node before the next one is decided (so the gang spreads
-   or packs as one kube-scheduler would place the pods in a row); Coscheduling's PreFilter holds
-   the members of a missing or invalid group, or of a group short of ``minMember`` pods or of
-   ``minResources``.
+   or packs as one kube-scheduler would place the pods in a row; members of one signature are
+   placed many at a time, `GenericScheduler.schedule_many`), and each gang's members assumed
+   before the next gang is decided; Coscheduling's PreFilter holds the members of a missing or
+   invalid group, or of a group short of ``minMember`` pods or of ``minResources``.
 2. **All or nothing**: when the group's bound members, its members on their way to a shard and the
-   members just placed reach ``minMember``, the placed ones are held in the ledger in **one** call
-   (`Ledger.reserve_gang`: each member's node owner under the current epoch, no shard holding its
-   lease, the room); otherwise, or when the ledger refuses, the assumes are undone and nothing is
-   held: no gang ever holds part of the cluster, so gangs cannot deadlock each other.
+   members just placed reach ``minMember``, the placed ones are held in the ledger; the gangs of
+   one pass share **one** call (`Ledger.reserve_gangs`, up to `HOLD_BATCH_MEMBERS` members; each
+   gang all or nothing: each member's node owner under the current epoch, no shard holding its
+   lease, the room); otherwise, or when the ledger refuses a gang, its assumes are undone and
+   nothing is held for it: no gang ever holds part of the cluster, so gangs cannot deadlock each
+   other.
 3. **Bind**: each held member goes to its node's owner shard with ``nominated_node_name``; the
    shard reserves and binds it there (Coscheduling lets it through over a shard's partial view),
    the gang's hold keeping its room from every other pod of equal or lower priority meanwhile.
@@ -41,9 +45,11 @@ Metrics: ``scheduler_podgroup_schedule_attempts_total{result}`` and
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 from shardsched.api.objects import PodInfo
 from shardsched.api.podgroup import group_key_of
@@ -63,6 +69,19 @@ log = logging.getLogger(__name__)
 
 #: `Tracked.shard` of a gang member the coordinator holds until its gang is placed
 HELD = -2
+#: gangs decided in one pass are held in one ledger call until their members reach this many
+#: (a gang is never split): one Redis round trip for many small gangs, and no call so long that it
+#: keeps the shards' Reserve calls waiting much longer than one big gang's does
+HOLD_BATCH_MEMBERS = 4096
+
+
+@dataclass(slots=True)
+class _Placed:
+    """A group whose members were placed (and assumed) with its quorum met, not yet held."""
+
+    key: str
+    placed: list[tuple[Tracked, str]]
+    decide_s: float
 
 
 class Gangs:
@@ -84,7 +103,7 @@ class Gangs:
         self._views: dict = {}  # the PodGroups as listed and watched: key -> PodGroup
         self._invalid: dict[str, str] = {}
         self._served = True
-        self._last_renew = 0.0
+        self._last_renew = time.monotonic()
         #: the intake's last poll reached the end of the watch (set by `Intake.poll`): a gang is
         #: decided only then, so that a burst's members and its group arrive before the decision
         self.caught_up = True
@@ -199,13 +218,8 @@ class Gangs:
         now = time.monotonic()
         due = [key for key, at in self._due.items() if at <= now and self.held.get(key) and self._may_help(key, now)
                ] if self.caught_up else []
-        for key in due:
-            try:
-                self._decide(key)
-            except Exception as e:  # noqa: BLE001 - one gang's bug must not stop the others
-                self.state.last_error = f"gang {key}: {type(e).__name__}: {e}"
-                log.exception("gang %s: decision failed", key)
-                self._retry(key)
+        if due:
+            self._decide(due)
         for key in [k for k, held in self.held.items() if not held]:
             del self.held[key]
             self._due.pop(key, None)
@@ -225,16 +239,47 @@ class Gangs:
         since = self._unschedulable_since.get(key)
         return since is None or self._changes > since[0] or now >= since[1]
 
-    def _decide(self, key: str) -> None:
+    def _decide(self, keys: list[str]) -> None:
+        """Decide the groups in queue order (priority, then the group's creation time), each
+        member assumed before the next one and each gang's assumes before the next gang's; hold
+        the gangs placed whole in one ledger call per `HOLD_BATCH_MEMBERS` members."""
+        for key in keys:
+            self.held[key] = dict(sorted(self.held[key].items(), key=lambda kv: self._order(kv[1])))
+        keys.sort(key=lambda k: self._order(next(iter(self.held[k].values()))))
+        batch: list[_Placed] = []
+        size = 0
+        for key in keys:
+            try:
+                ready = self._place(key)
+            except Exception as e:  # noqa: BLE001 - one gang's bug must not stop the others
+                for t in self.held[key].values():  # none of them is assumed but by this decision
+                    self.state.table.remove_pod(t.pod.uid)
+                self._failed(key, e)
+                continue
+            if ready is not None:
+                batch.append(ready)
+                size += len(ready.placed)
+                if size >= HOLD_BATCH_MEMBERS:
+                    self._hold(batch)
+                    batch, size = [], 0
+        if batch:
+            self._hold(batch)
+
+    def _place(self, key: str) -> _Placed | None:
+        """Decide group ``key``'s held members (in order) over the whole cluster, each placed one
+        assumed on its node. Returns the placement when the group's quorum is met; else undoes the
+        assumes, records the failed attempt and returns None."""
         state = self.state
         self._unschedulable_since.pop(key, None)
         t0 = time.perf_counter()
-        held = sorted(self.held[key].values(), key=self._order)
+        held = list(self.held[key].values())
         group = self.groups.groups.get(key)
-        placed: list[tuple[Tracked, str]] = []
         first_failure: tuple[PodInfo, str, str] | None = None
-        for t in held:
-            result = cluster_scheduler(state, t.pod).schedule(t.pod, assume=True)
+        placed: list[tuple[Tracked, str]] = []
+        results = []
+        for sched, run in itertools.groupby(held, key=lambda t: cluster_scheduler(state, t.pod)):
+            results += sched.schedule_many([t.pod for t in run])
+        for t, result in zip(held, results):
             if result.node is not None and state.owners.get(result.node) is not None:
                 placed.append((t, result.node))
                 continue
@@ -246,53 +291,72 @@ class Gangs:
                                  result.status.plugin)
         bound = self.groups.bound_count(key)
         have = bound + len(self.in_flight.get(key, ())) + len(placed)
-        if group is None or have < group.min_member:
-            self._undo(placed)
-            if group is None or first_failure is None:
-                why = first_failure[1] if first_failure else f"PodGroup {key} not found"
-            elif first_failure[2] == COSCHEDULING:
-                why = first_failure[1]
-            else:
-                why = (f"pod group {key}: {have}/{group.min_member} members schedulable; "
-                       f"{first_failure[0].key}: {first_failure[1]}")
-            self._unschedulable(key, held, why)
-            self._measure(UNSCHEDULABLE, t0)
-            return
-        members = [GangMember(t.pod.uid, node, state.shards[state.owners[node]].member, t.pod.requests,
-                              t.pod.priority) for t, node in placed]
+        if group is not None and have >= group.min_member:
+            return _Placed(key, placed, time.perf_counter() - t0)
+        self._undo(placed)
+        if group is None or first_failure is None:
+            why = first_failure[1] if first_failure else f"PodGroup {key} not found"
+        elif first_failure[2] == COSCHEDULING:
+            why = first_failure[1]
+        else:
+            why = (f"pod group {key}: {have}/{group.min_member} members schedulable; "
+                   f"{first_failure[0].key}: {first_failure[1]}")
+        self._unschedulable(key, held, why)
+        self._measure(UNSCHEDULABLE, time.perf_counter() - t0)
+        return None
+
+    def _hold(self, batch: list[_Placed]) -> None:
+        """Hold the placed gangs in the ledger, each all or nothing, in one call; send the members
+        of each gang held to their nodes' owner shards (one call per shard); undo the others and
+        retry them after a backoff. A gang's attempt lasts its decision plus the ledger call."""
+        state = self.state
+        t0 = time.perf_counter()
+        gangs = [[GangMember(t.pod.uid, node, state.shards[state.owners[node]].member, t.pod.requests, t.pod.priority)
+                  for t, node in p.placed] for p in batch]
         try:
-            res = state.ledger.reserve_gang(state.epoch, members, NOMINATION_TTL_MS)
-        except TemporaryError as e:
-            self._undo(placed)
-            state.last_error = f"gang {key} not held: {e}"
-            self._retry(key)
-            self._measure(ERROR, t0)
+            results = state.ledger.reserve_gangs(state.epoch, gangs, NOMINATION_TTL_MS)
+        except Exception as e:  # noqa: BLE001 - the ledger away (TemporaryError) or a bug: nothing held
+            hold_s = time.perf_counter() - t0
+            for p in batch:
+                self._undo(p.placed)
+                self._retry(p.key)
+                self._measure(ERROR, p.decide_s + hold_s)
+            state.last_error = f"gangs not held: {type(e).__name__}: {e}"
+            if not isinstance(e, TemporaryError):
+                log.exception("gangs not held")
             return
-        if not res.ok:
-            # the ledger knows better than this table (another scheduler's pods, a shard's batch,
-            # a new epoch): nothing is held, the gang is decided again after a backoff
-            self._undo(placed)
-            log.info("gang %s not held by the ledger: %s %s %s", key, res.code.name, res.uid, res.detail)
-            state.counters["gang_refusals"] += 1
-            self._retry(key)
-            self._measure(ERROR, t0)
-            return
+        hold_s = time.perf_counter() - t0
         by_shard: dict[int, list[PodInfo]] = defaultdict(list)
-        for t, node in placed:
-            owner = state.owners[node]
-            state.nominated[t.pod.uid] = node  # the assume stays until the pod binds
-            t.pod, t.shard, t.unschedulable = slim(t.pod.nominated(node)), owner, False
-            state.routed[owner] += 1
-            by_shard[owner].append(t.pod)
-            self.in_flight[key][t.pod.uid] = node
-            del self.held[key][t.pod.uid]
+        for p, res in zip(batch, results):
+            if not res.ok:
+                # the ledger knows better than this table (another scheduler's pods, a shard's
+                # batch, a new epoch): nothing is held, the gang is decided again after a backoff
+                self._undo(p.placed)
+                log.info("gang %s not held by the ledger: %s %s %s", p.key, res.code.name, res.uid, res.detail)
+                state.counters["gang_refusals"] += 1
+                self._retry(p.key)
+                self._measure(ERROR, p.decide_s + hold_s)
+                continue
+            for t, node in p.placed:
+                owner = state.owners[node]
+                state.nominated[t.pod.uid] = node  # the assume stays until the pod binds
+                t.pod, t.shard, t.unschedulable = t.pod.nominated(node), owner, False  # t.pod is slim
+                state.routed[owner] += 1
+                by_shard[owner].append(t.pod)
+                self.in_flight[p.key][t.pod.uid] = node
+                del self.held[p.key][t.pod.uid]
+            state.counters["gangs_placed"] += 1
+            state.counters["routed"] += len(p.placed)
+            self._due.pop(p.key, None)
+            self._backoff.pop(p.key, None)
+            self._measure(SCHEDULED, p.decide_s + hold_s)
         for index, pods in by_shard.items():
             state.shards[index].client.add_pods(pods)
-        state.counters["gangs_placed"] += 1
-        state.counters["routed"] += len(placed)
-        self._due.pop(key, None)
-        self._backoff.pop(key, None)
-        self._measure(SCHEDULED, t0)
+
+    def _failed(self, key: str, e: Exception) -> None:
+        self.state.last_error = f"gang {key}: {type(e).__name__}: {e}"
+        log.exception("gang %s: decision failed", key)
+        self._retry(key)
 
     def _order(self, t: Tracked) -> tuple:
         return cluster_scheduler(self.state, t.pod).framework.queue_sort.sort_key(t.pod, 0.0, 0)
@@ -318,10 +382,10 @@ class Gangs:
         self._backoff[key] = backoff
         self._due[key] = time.monotonic() + backoff
 
-    def _measure(self, result: str, t0: float) -> None:
+    def _measure(self, result: str, duration_s: float) -> None:
         m = self.state.metrics
         m.podgroup_attempts.labels(result).inc()
-        m.podgroup_attempt_duration.labels(result).observe(time.perf_counter() - t0)
+        m.podgroup_attempt_duration.labels(result).observe(duration_s)
 
     # ------------------------------------------------------------------ ledger holds
     def _release(self, holds: dict[str, str]) -> None:
