@@ -906,6 +906,8 @@ def test_partial_view_places_a_nominated_pod_on_its_node_or_nowhere(make, ok_nod
             assert result.node == name, name
         else:
             assert result.node is None and "nominated node" in result.status.message, name
+    # the nominated node is no part of what the plugins read: one cached entry for every nomination
+    assert len(sched.cache) == 1
     table.set_unschedulable("b1", True)
     assert sched.schedule(make().info().nominated("b1"), assume=False).node is None
     missing = sched.schedule(make().info().nominated("elsewhere"), assume=False)

@@ -421,8 +421,10 @@ class PodInfo:
         controller: (kind, name) of its controller when it is a ReplicationController, ReplicaSet
             or StatefulSet (`shardsched.api.workloads.controller_of`): PodTopologySpread's default
             constraints read that object's selector.
-        signature: hash of everything that decides where the pod can go and how nodes score for it;
-            pods with the same signature share cached Filter/Score results.
+        signature: hash of everything that decides where the pod can go and how nodes score for it,
+            its nominated node included (`compute_signature`).
+        spec_signature: the signature without the nominated node: what the Filter and Score
+            plugins read, so pods with the same one share cached Filter/Score results.
     """
 
     uid: str
@@ -457,6 +459,7 @@ class PodInfo:
     controller: tuple[str, str] | None = None
     volumes: PodVolumes = NO_VOLUMES
     signature: str = ""
+    spec_signature: str = ""
     obj: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -465,11 +468,9 @@ class PodInfo:
         return f"{self.namespace}/{self.name}"
 
     def nominated(self, node: str) -> "PodInfo":
-        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated
-        (without hashing the spec again when the pod had no nomination)."""
-        base = self.signature if not self.nominated_node_name else self._spec_signature()
+        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated."""
         copy = dataclasses.replace(self, nominated_node_name=node)
-        copy.signature = _with_nomination(base, node)
+        copy.signature = _with_nomination(self.spec_signature, node)
         return copy
 
     @property
@@ -596,7 +597,8 @@ class PodInfo:
             volumes=parse_pod_volumes(spec.get("volumes"), meta["name"], str(meta.get("uid") or "")),
             obj=obj,
         )
-        info.signature = info.compute_signature()
+        info.spec_signature = info._spec_signature()
+        info.signature = _with_nomination(info.spec_signature, info.nominated_node_name)
         return info
 
     def _signature_labels(self) -> dict[str, str]:

@@ -177,10 +177,11 @@ class GenericScheduler:
         """
         out: list[ScheduleResult] = []
         i = 0
+        run_key = lambda p: (self._cache_key(p), p.nominated_node_name)  # noqa: E731
         while i < len(pods):
-            key = self._cache_key(pods[i])
+            key = run_key(pods[i])
             j = i + 1
-            while j < len(pods) and self._cache_key(pods[j]) == key:
+            while j < len(pods) and run_key(pods[j]) == key:
                 j += 1
             out += self._schedule_run(pods[i:j])
             i = j
@@ -341,12 +342,13 @@ class GenericScheduler:
 
     # ------------------------------------------------------------------ cache
     def _cache_key(self, pod: PodInfo) -> str:
-        """The pod's signature, with its PodGroup label when a pod or a spread selector on this
-        table reads that label (``PodInfo.compute_signature`` leaves it out)."""
+        """The pod's spec signature (no plugin reads the nominated node), with its PodGroup label
+        when a pod or a spread selector on this table reads that label
+        (``PodInfo.compute_signature`` leaves it out)."""
         group = pod.labels.get(POD_GROUP_LABEL)
         if group is None or not self.table.reads_pod_label(POD_GROUP_LABEL):
-            return pod.signature
-        return f"{pod.signature}/{group}"
+            return pod.spec_signature
+        return f"{pod.spec_signature}/{group}"
 
     def _entry(self, pod: PodInfo) -> _Entry:
         table = self.table
