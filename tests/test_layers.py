@@ -2,7 +2,7 @@
 the scheduling core imports no client of an outside system, plugins import neither the sharded
 runtime nor a cluster backend, the framework imports no concrete plugin, the two cluster backends
 (kube, sim) do not import each other, the cluster contract imports neither, and the scheduler
-imports no test infrastructure."""
+imports no test infrastructure, and only the actor layer imports Ray."""
 
 from __future__ import annotations
 
@@ -47,3 +47,20 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path):
     assert "shardsched.framework is not allowed to import shardsched.plugins" in result.stdout, result.stdout
     assert "shardsched.queue is not allowed to import ray" in result.stdout, result.stdout
     assert "2 broken" in result.stdout, result.stdout
+
+
+def test_ray_outside_the_actor_layer_breaks_a_contract(tmp_path):
+    """Only the actor layer imports Ray: the coordinator package importing it breaks the contract;
+    the actor layer's own import (sharding.remote) and a module using the actor layer do not."""
+    shutil.copytree(ROOT / "shardsched", tmp_path / "shardsched", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "shardsched" / "sharding" / "coordinator" / "health.py", "a") as f:
+        f.write("\nimport ray  # noqa: E402,F401\n")
+    with open(tmp_path / "shardsched" / "cli" / "scale.py", "a") as f:
+        f.write("\nfrom shardsched.sharding import remote as _remote  # noqa: E402,F401\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "shardsched.sharding.coordinator is not allowed to import ray" in result.stdout, result.stdout
+    assert "shardsched.sharding.coordinator.health -> ray" in result.stdout, result.stdout
+    assert "shardsched.cli" not in result.stdout.split("Broken contracts")[-1], result.stdout
+    assert "1 broken" in result.stdout, result.stdout

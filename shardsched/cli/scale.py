@@ -127,10 +127,9 @@ def _ask(ray_address: str | None, name: str, shards: int | None, timeout_s: floa
     """Join Ray (what Ray prints meanwhile kept in ``ray_log``), find the coordinator ``name`` and
     ask for the step (or the status); sets ``joined`` once Ray is joined. Returns (`EXIT_OK`, the
     result) or (an exit status, the error line)."""
-    import ray
-
     from shardsched.cli import check_ray_address
     from shardsched.sharding.actors import NoRayError, find_coordinator
+    from shardsched.sharding.calls import MethodFailed, NoAnswer
 
     try:
         check_ray_address(ray_address)
@@ -143,19 +142,23 @@ def _ask(ray_address: str | None, name: str, shards: int | None, timeout_s: floa
                 if ray_log.refused():
                     return EXIT_FAILED, f"error: {refused_hint(ray_address or 'auto')}"
                 return EXIT_FAILED, f"error: {e}"
-        joined.set()
-        if shards is None:
-            status, history = ray.get([coordinator.status.remote(), coordinator.scale_history.remote()],
-                                      timeout=timeout_s)
-            return EXIT_OK, {"shards": status["shards"], "epoch": status["epoch"], "pending": status["pending"],
-                             "autoscaler": status.get("autoscaler", False), "steps": history}
-        return EXIT_OK, ray.get(coordinator.scale.remote(shards), timeout=timeout_s)
     except ShardschedError as e:
         return EXIT_FAILED, f"error: {e}"
-    except ray.exceptions.RayTaskError as e:
+    joined.set()
+    try:
+        if shards is None:
+            deadline = time.monotonic() + timeout_s
+            asked = coordinator.status(), coordinator.scale_history()
+            status, history = (reply.wait(max(0.0, deadline - time.monotonic())) for reply in asked)
+            return EXIT_OK, {"shards": status["shards"], "epoch": status["epoch"], "pending": status["pending"],
+                             "autoscaler": status.get("autoscaler", False), "steps": history}
+        return EXIT_OK, coordinator.scale(shards).wait(timeout_s)
+    except NoAnswer as e:
+        return EXIT_FAILED, f"error: the coordinator did not answer: {e.kind}"
+    except MethodFailed as e:
         return EXIT_FAILED, f"error: scaling failed: {e.cause if e.cause is not None else e}"
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
-        return EXIT_FAILED, f"error: the coordinator did not answer: {type(e).__name__}"
+    except ShardschedError as e:  # the coordinator's own (a new shard did not start in time, ...)
+        return EXIT_FAILED, f"error: scaling failed: {e}"
 
 
 class _KeptLog:

@@ -247,9 +247,9 @@ class NoRayError(ShardschedError):
     """`find_coordinator` found no Ray instance on this machine to join (none was named)."""
 
 
-def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAME) -> Any:
+def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAME) -> CoordinatorClient:
     """Join a running Ray cluster (``ray_address``, default ``auto``: the one started on this
-    machine) and return the handle of the coordinator named ``name`` in `RAY_NAMESPACE`.
+    machine) and return a client of the coordinator named ``name`` in `RAY_NAMESPACE`.
 
     Token authentication is turned on when a token is found (`rayaccess.enable_token_auth`), for
     a given address as Ray does for ``auto``.
@@ -270,10 +270,11 @@ def find_coordinator(ray_address: str | None = None, name: str = COORDINATOR_NAM
         except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
             raise ShardschedError(f"could not join Ray at {ray_address or 'auto'}: {e}") from None
     try:
-        return ray.get_actor(name, namespace=RAY_NAMESPACE)
+        handle = ray.get_actor(name, namespace=RAY_NAMESPACE)
     except ValueError:
         raise ShardschedError(f"no coordinator named {name!r} in Ray namespace {RAY_NAMESPACE!r} "
                               "(is shardsched run or serve running on this Ray cluster?)") from None
+    return CoordinatorClient(RayChannel(handle))
 
 
 _SHARD_NAME = re.compile(r"shard-(\d+)@(\d+)")

@@ -31,8 +31,26 @@ class RemoteUnavailable(TemporaryError):
     """The component did not answer (its actor died, or it timed out)."""
 
 
-class RemoteDead(RemoteUnavailable):
+class NoAnswer(RemoteUnavailable):
+    """The call got no answer: it timed out, or the actor failed (Ray's error type in ``kind``),
+    as opposed to a method that ran and raised."""
+
+    def __init__(self, message: str, kind: str = "", delay_s: float = 1.0) -> None:
+        super().__init__(message, delay_s)
+        self.kind = kind
+
+
+class RemoteDead(NoAnswer):
     """The component's actor is dead (its process exited or was killed): it will never answer."""
+
+
+class MethodFailed(RemoteUnavailable):
+    """The method ran in the other process and raised an error that is not ours (``cause``: the
+    error, or None when it could not be brought back)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class Reply(Protocol[T]):
@@ -168,10 +186,48 @@ class ShardClient:
         return self.channel.send(ShardAPI.stop)
 
 
+class ShardHostAPI(Protocol):
+    """What a shard's process offers beside `ShardAPI` (`shardsched.sharding.actors.ShardHost`):
+    its pid and its Prometheus samples, for whoever started the run."""
+
+    def pid(self) -> int: ...
+    def metric_samples(self) -> list: ...
+
+
+class ShardHostClient(ShardClient):
+    """`ShardClient` of a shard in its own process, with `ShardHostAPI`'s calls too."""
+
+    def pid(self) -> Reply[int]:
+        return self.channel.send(ShardHostAPI.pid)
+
+    def metric_samples(self) -> Reply[list]:
+        return self.channel.send(ShardHostAPI.metric_samples)
+
+
 class CoordinatorAPI(Protocol):
-    """What the coordinator offers the shards (`shardsched.sharding.coordinator.Coordinator`)."""
+    """What the coordinator's process offers the shards (``handoff``) and whoever started or joins
+    the run (`shardsched.sharding.actors.CoordinatorHost`; the API server's coordinator adds the
+    ``cluster_*`` calls and ``stop_cluster``: `shardsched.kube.serving`)."""
 
     def handoff(self, shard: int, items: list[Handoff]) -> None: ...
+    def start(self, adopt: bool = False) -> dict: ...
+    def status(self) -> dict: ...
+    def unschedulable_reasons(self) -> dict: ...
+    def pending_keys(self) -> list[str]: ...
+    def catch_up(self) -> None: ...
+    def kill_shard(self, index: int) -> None: ...
+    def replace_shard(self, index: int) -> str: ...
+    def scale(self, n: int, trigger: str = "api") -> dict: ...
+    def scale_history(self) -> list[dict]: ...
+    def retired_shard_stats(self) -> list: ...
+    def metric_samples(self) -> list: ...
+    def pid(self) -> int: ...
+    def shards(self) -> list[Any]: ...
+    def stop(self, flush_timeout_s: float = 5.0) -> None: ...
+    def cluster_health(self) -> dict: ...
+    def cluster_metrics(self) -> list: ...
+    def coordinator_metrics(self) -> list: ...
+    def stop_cluster(self, flush_timeout_s: float = 5.0) -> None: ...
 
 
 class CoordinatorClient:
@@ -183,6 +239,61 @@ class CoordinatorClient:
 
     def handoff(self, shard: int, items: list[Handoff]) -> Reply[None]:
         return self.channel.send(CoordinatorAPI.handoff, shard, items)
+
+    def start(self, adopt: bool = False) -> Reply[dict]:
+        return self.channel.send(CoordinatorAPI.start, adopt)
+
+    def status(self) -> Reply[dict]:
+        return self.channel.send(CoordinatorAPI.status)
+
+    def unschedulable_reasons(self) -> Reply[dict]:
+        return self.channel.send(CoordinatorAPI.unschedulable_reasons)
+
+    def pending_keys(self) -> Reply[list[str]]:
+        return self.channel.send(CoordinatorAPI.pending_keys)
+
+    def catch_up(self) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.catch_up)
+
+    def kill_shard(self, index: int) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.kill_shard, index)
+
+    def replace_shard(self, index: int) -> Reply[str]:
+        return self.channel.send(CoordinatorAPI.replace_shard, index)
+
+    def scale(self, n: int) -> Reply[dict]:
+        return self.channel.send(CoordinatorAPI.scale, n)
+
+    def scale_history(self) -> Reply[list[dict]]:
+        return self.channel.send(CoordinatorAPI.scale_history)
+
+    def retired_shard_stats(self) -> Reply[list]:
+        return self.channel.send(CoordinatorAPI.retired_shard_stats)
+
+    def metric_samples(self) -> Reply[list]:
+        return self.channel.send(CoordinatorAPI.metric_samples)
+
+    def pid(self) -> Reply[int]:
+        return self.channel.send(CoordinatorAPI.pid)
+
+    def shards(self) -> Reply[list[Any]]:
+        """The targets of the current shards' channels (actor handles, for a Ray coordinator)."""
+        return self.channel.send(CoordinatorAPI.shards)
+
+    def stop(self, flush_timeout_s: float = 5.0) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.stop, flush_timeout_s)
+
+    def cluster_health(self) -> Reply[dict]:
+        return self.channel.send(CoordinatorAPI.cluster_health)
+
+    def cluster_metrics(self) -> Reply[list]:
+        return self.channel.send(CoordinatorAPI.cluster_metrics)
+
+    def coordinator_metrics(self) -> Reply[list]:
+        return self.channel.send(CoordinatorAPI.coordinator_metrics)
+
+    def stop_cluster(self, flush_timeout_s: float = 5.0) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.stop_cluster, flush_timeout_s)
 
 
 class ClusterClient:

@@ -11,7 +11,7 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from shardsched.errors import ShardschedError
-from shardsched.sharding.calls import Channel, Local, RemoteDead, RemoteUnavailable
+from shardsched.sharding.calls import Channel, Local, MethodFailed, NoAnswer, RemoteDead, RemoteUnavailable
 
 T = TypeVar("T")
 
@@ -30,13 +30,13 @@ class RayReply:
         try:
             return ray.get(self.ref, timeout=timeout_s)
         except ActorDiedError as e:  # Ray's message goes on for lines (class, ids, pid, address)
-            raise RemoteDead(f"{self.method}: the actor died: {str(e).splitlines()[0]}") from None
+            raise RemoteDead(f"{self.method}: the actor died: {str(e).splitlines()[0]}", type(e).__name__) from None
         except (GetTimeoutError, RayActorError) as e:
-            raise RemoteUnavailable(f"{self.method}: {type(e).__name__}: {e}") from None
+            raise NoAnswer(f"{self.method}: {type(e).__name__}: {e}", type(e).__name__) from None
         except RayTaskError as e:  # the method raised
             if isinstance(e.cause, ShardschedError):
                 raise e.cause from None
-            raise RemoteUnavailable(f"{self.method}: {e}") from None
+            raise MethodFailed(f"{self.method}: {e.cause if e.cause is not None else e}", e.cause) from None
         except RayError as e:
             raise RemoteUnavailable(f"{self.method}: {e}") from None
 
