@@ -114,6 +114,38 @@ def test_perf_plan_puts_create_any_services_beside_the_nodes_and_spreads_init_po
     assert perf.place_init_pods(load_config(None), p.nodes, p.init_pods, 0, p.spread_selectors) == 0
 
 
+def test_perf_plan_turns_upstream_pod_groups_into_pod_groups_and_labels():
+    """GangScheduling (podgroup/gangscheduling): the createAny of upstream's PodGroups
+    (scheduling.k8s.io, gang minCount) becomes scheduler-plugins PodGroups with minMember, and each
+    measured pod (spec.schedulingGroup, the group index = pod index / podsPerGroup) joins its group
+    by the label."""
+    w = next(w for w in perf.load_workloads() if w.full_name == "GangScheduling/10Nodes_3Gangs")
+    p = perf.plan(w, perf._Templates(), "default-scheduler")
+    assert p.status == perf.RUN and len(p.nodes) == 10 and not p.init_pods
+    assert [(g["apiVersion"], g["metadata"]["name"], g["metadata"]["namespace"], g["spec"]["minMember"])
+            for g in p.pod_groups] == [("scheduling.x-k8s.io/v1alpha1", f"gang-{i}", "gang-0", 3) for i in range(3)]
+    labels = [m["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for m in p.measured]
+    assert labels == ["gang-0"] * 3 + ["gang-1"] * 3 + ["gang-2"] * 3
+    assert all("schedulingGroup" not in m["spec"] for m in p.measured)
+    assert [m["metadata"]["name"] for m in p.measured[:2]] == ["test-gang-scheduling-0", "test-gang-scheduling-1"]
+
+
+@pytest.mark.parametrize("text, values, expected", [
+    ("gang-{{DivideInt .Index .size}}", {"Index": 7, "size": 3}, "gang-2"),
+    ("minCount: {{ .size }}", {"size": 3}, "minCount: 3"),
+    ("{{MultiplyInt .Index 2}}", {"Index": 4}, "8"),
+], ids=["divide", "spaces", "constant"])
+def test_perf_template_actions(text, values, expected):
+    assert perf._render(text, values) == expected
+
+
+@pytest.mark.parametrize("text", ["{{RandInt 1 2}}", "{{.missing}}", "{{IfThenElse .a 1 2}}"],
+                         ids=["unknown-function", "unknown-value", "wrong-arity"])
+def test_perf_template_actions_it_cannot_evaluate_are_errors(text):
+    with pytest.raises(perf.TemplateError):
+        perf._render(text, {"a": 1})
+
+
 # ------------------------------------------------------------------------------------ with Ray
 
 def test_field_every_row_runs(ray_session, tmp_path):
@@ -159,9 +191,12 @@ def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     params = perf.PerfParams(workloads=["SchedulingBasic/5Nodes", "Unschedulable/5Nodes/1Init/10Pods",
                                         "PreemptionBasic/5Nodes", "PreemptionAsync/5Nodes",
                                         "SchedulingDeletedPodsWithFinalizers/10Node_100DeletingPods",
-                                        "DefaultTopologySpreading/5Nodes"], timeout_s=120)
+                                        "DefaultTopologySpreading/5Nodes", "GangScheduling/10Nodes_3Gangs"],
+                             timeout_s=120)
     results, cat = perf.run(params)
-    basic, unsched, preempt, preempt_async, skipped, spread = results
+    basic, unsched, preempt, preempt_async, skipped, spread, gangs = results
+    m = gangs.measurement  # the default profile has no Coscheduling: the gangs' profile adds it
+    assert m.bound == m.pods == 9 and m.invariants_ok and (gangs.pod_groups, gangs.gangs_placed) == (3, 3)
     for r, init in ((basic, 5), (unsched, 1), (spread, 10)):  # spread: its Service put into the cluster
         m = r.measurement
         assert r.status == perf.RUN and r.init_pods == init and r.nodes == 5
@@ -174,7 +209,7 @@ def test_perf_runs_workloads_and_lists_the_skipped(ray_session, tmp_path):
     assert m.bound == m.pods == 5 and m.invariants_ok and preempt_async.churn_objects >= 1
     assert skipped.status == perf.SKIP and skipped.measurement is None
     data = _roundtrip(perf.to_json(results, cat, params, machine()))
-    assert [w["status"] for w in data["workloads"]] == ["run", "run", "run", "run", "skipped", "run"]
+    assert [w["status"] for w in data["workloads"]] == ["run", "run", "run", "run", "skipped", "run", "run"]
     assert data["workloads"][2]["victims_per_preemptor"] == 3.0
     assert any(c["workload"].startswith("SchedulingPodAffinity/") for c in data["not_run"])
     assert "PreemptionBasic" in perf.markdown(results, cat, params)

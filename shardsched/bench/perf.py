@@ -24,8 +24,21 @@ follow upstream's ``scheduler_perf.go``:
 - ``createAny`` of a Service, ReplicationController, ReplicaSet or StatefulSet: put into the
   simulated cluster with the nodes (PodTopologySpread's default constraints read its selector);
   of another kind: the workload is skipped;
-- ``createNamespaces`` and ``barrier``: nothing to do here (the simulated cluster needs no
-  namespace objects; ops already run in order).
+- ``createAny`` of upstream's PodGroup (``scheduling.k8s.io``, the Workload API's, with a
+  ``gang`` policy; ``podgroup/gangscheduling``): a scheduler-plugins PodGroup of that name with
+  ``minMember`` = ``minCount``, put into the simulated cluster with the nodes, and each pod that
+  names it in ``spec.schedulingGroup.podGroupName`` joins it by the
+  ``scheduling.x-k8s.io/pod-group`` label instead: what a controller turning Workload API groups
+  into PodGroups does (``docs/gangs.md``). These workloads run with a profile that adds
+  Coscheduling to the defaults (`GANG_CONFIG`; with ``--config``, its first profile must enable
+  Coscheduling), as upstream's ``GenericWorkload`` gate adds its gang plugin;
+- ``createNamespaces``, ``barrier`` and ``waitForPodGroups``: nothing to do here (the simulated
+  cluster needs no namespace objects; ops already run in order; the PodGroups exist before any pod).
+
+Templates are Go text/template files: ``{{.Index}}``, the op's ``templateParams`` (``$name`` read
+from the workload's params) and upstream's integer functions (``DivideInt`` ...) are evaluated
+(`_render`); a template with another action skips its workload with the reason. ``createPods``'
+count is ``countParam`` times ``countMultiplierParam``.
 
 What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
 pods with scheduling gates (init pods are created bound here), and pods that need plugins
@@ -50,6 +63,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +71,8 @@ from typing import Any
 
 import yaml
 
-from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.objects import POD_GROUP_LABEL, NodeInfo, PodInfo
+from shardsched.api.podgroup import API_VERSION as POD_GROUP_API_VERSION
 from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, workload_selector_of
 from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_early, fmt_bytes, fmt_rate, fmt_s,
                                       markdown_table, run_embedded)
@@ -134,16 +149,36 @@ DEFAULT_WORKLOADS = (
     "HostPortConflict/20000Nodes_20000Pods",
     "PreemptionBasic/5000Nodes",
     "PreemptionAsync/5000Nodes",
+    "GangScheduling/5000Nodes_*",
 )
 
 RUN, PARTIAL, SKIP = "run", "partial", "skipped"
-_OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier", "createAny"}
-_CREATE_ANY_KEYS = {"opcode", "templatePath", "namespace"}
+_OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier", "createAny", "waitForPodGroups"}
+_CREATE_ANY_KEYS = {"opcode", "templatePath", "namespace", "count", "countParam", "templateParams"}
 _CREATE_NODES_KEYS = {"opcode", "count", "countParam", "nodeTemplatePath", "labelNodePrepareStrategy"}
-_CREATE_PODS_KEYS = {"opcode", "count", "countParam", "podTemplatePath", "collectMetrics", "namespace",
-                     "skipWaitToCompletion", "signatureBatchSizeParam"}
+_CREATE_PODS_KEYS = {"opcode", "count", "countParam", "countMultiplierParam", "podTemplatePath", "collectMetrics",
+                     "namespace", "skipWaitToCompletion", "signatureBatchSizeParam", "templateParams"}
 _CHURN_KEYS = {"opcode", "mode", "templatePaths", "intervalMilliseconds", "number", "namespace"}
-_INDEX = "{{.Index}}"
+#: a template's ``{{ ... }}`` actions (Go text/template): ``.Name`` or ``Function .A .B``
+_ACTION = re.compile(r"{{\s*(.*?)\s*}}")
+#: the integer functions of upstream's template provider that the shipped templates use
+_TEMPLATE_FUNCTIONS = {"AddInt": lambda a, b: a + b, "SubtractInt": lambda a, b: a - b,
+                       "MultiplyInt": lambda a, b: a * b, "DivideInt": lambda a, b: a // b}
+#: the upstream Workload API's PodGroup (``scheduling.k8s.io``) that ``createAny`` stamps out
+_WORKLOAD_API_GROUP = "scheduling.k8s.io/"
+#: the profile of the gang workloads when no ``--config`` is given: the default plugins with
+#: Coscheduling, as upstream's ``GenericWorkload`` feature gate adds its gang plugin to the default
+#: profile (every profile sorts with Coscheduling: `docs/gangs.md`)
+GANG_CONFIG = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  plugins:
+    multiPoint:
+      enabled: [{name: Coscheduling}]
+      disabled: [{name: PrioritySort}]
+"""
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -156,6 +191,7 @@ class TestCase:
     default_pod_template: str | None
     ops: list[dict]
     workloads: list[dict]
+    root: Path  # the scheduler_perf folder (upstream's base node and pod templates are in its templates/)
 
 
 @dataclass
@@ -197,7 +233,7 @@ def load_workloads(directory: str | os.PathLike[str] | None = None) -> list[Work
         FileNotFoundError: no performance-config.yaml under the folder.
     """
     root = data_dir(directory)
-    files = sorted(root.glob("*/performance-config.yaml"))
+    files = sorted(root.glob("**/performance-config.yaml"))
     if not files:
         raise FileNotFoundError(f"no */performance-config.yaml under {root} (set --data-dir or ${DATA_DIR_ENV})")
     sources = [(f.parent, str(f.relative_to(root)), f.read_text(encoding="utf-8")) for f in files]
@@ -208,7 +244,7 @@ def load_workloads(directory: str | os.PathLike[str] | None = None) -> list[Work
     for base, source, text in sources:
         for raw in yaml.load(text, Loader=_Loader) or []:
             case = TestCase(raw["name"], base, source, raw.get("defaultPodTemplatePath"),
-                            list(raw.get("workloadTemplate") or []), list(raw.get("workloads") or []))
+                            list(raw.get("workloadTemplate") or []), list(raw.get("workloads") or []), root)
             gates = dict(raw.get("featureGates") or {})
             for w in case.workloads:
                 out.append(Workload(case, w["name"], dict(w.get("params") or {}), w.get("threshold"),
@@ -234,6 +270,36 @@ def select(workloads: list[Workload], patterns: list[str] | None) -> list[Worklo
 
 # ---------------------------------------------------------------------------------- templates
 
+class TemplateError(ValueError):
+    """A template action this runner cannot evaluate (the workload is skipped with it)."""
+
+
+def _render(text: str, values: dict[str, Any]) -> str:
+    """``text`` with its ``{{ ... }}`` actions evaluated as upstream's text/template would for the
+    forms the templates use: ``{{.Name}}`` (``Index`` or a template parameter) and ``{{Function .A
+    .B}}`` with an integer function of `_TEMPLATE_FUNCTIONS`. Raises TemplateError for others."""
+    def value(arg: str) -> Any:
+        if arg.startswith("."):
+            if arg[1:] not in values:
+                raise TemplateError(f"template value {arg} is not set")
+            return values[arg[1:]]
+        try:
+            return int(arg)
+        except ValueError:
+            raise TemplateError(f"template argument {arg!r} is not supported") from None
+
+    def action(m: re.Match) -> str:
+        words = m.group(1).split()
+        if len(words) == 1:
+            return str(value(words[0]))
+        fn = _TEMPLATE_FUNCTIONS.get(words[0])
+        if fn is None or len(words) != 3:
+            raise TemplateError(f"template function {words[0]} is not supported")
+        return str(fn(int(value(words[1])), int(value(words[2]))))
+
+    return _ACTION.sub(action, text)
+
+
 class _Templates:
     """Template files read once; objects stamped per index."""
 
@@ -245,17 +311,19 @@ class _Templates:
         return Path(os.path.normpath(base / rel))
 
     def get(self, path: Path) -> dict:
+        """The template parsed with its actions read as 0 (for its kind and fields)."""
         if path not in self._parsed:
-            self._text[path] = path.read_text(encoding="utf-8")
-            self._parsed[path] = yaml.load(self._text[path].replace(_INDEX, "0"), Loader=_Loader) or {}
+            text = self._text[path] = path.read_text(encoding="utf-8")
+            self._parsed[path] = yaml.load(_ACTION.sub("0", text), Loader=_Loader) or {}
         return self._parsed[path]
 
-    def stamp(self, path: Path, index: int) -> dict:
-        """A fresh object from the template, ``{{.Index}}`` replaced by ``index``."""
+    def stamp(self, path: Path, index: int, values: dict[str, Any] | None = None) -> dict:
+        """A fresh object from the template, its actions evaluated with ``Index`` = ``index`` and
+        ``values`` (`_render`). Raises TemplateError."""
         self.get(path)
         text = self._text[path]
-        if _INDEX in text:
-            return yaml.load(text.replace(_INDEX, str(index)), Loader=_Loader)
+        if _ACTION.search(text):
+            return yaml.load(_render(text, {**(values or {}), "Index": index}), Loader=_Loader)
         return _copy(self._parsed[path])
 
 
@@ -267,10 +335,43 @@ def _copy(obj: Any) -> Any:
     return obj
 
 
-def _count(op: dict, params: dict) -> int:
+def _count(op: dict, params: dict, default: int = 0) -> int:
+    """The op's count: ``countParam`` (times ``countMultiplierParam``) or ``count``."""
     if "countParam" in op:
-        return int(params[op["countParam"].lstrip("$")])
-    return int(op.get("count", 0))
+        n = int(params[op["countParam"].lstrip("$")])
+    else:
+        n = int(op.get("count", default))
+    if "countMultiplierParam" in op:
+        n *= int(params[op["countMultiplierParam"].lstrip("$")])
+    return n
+
+
+def _template_values(op: dict, params: dict) -> dict[str, Any]:
+    """The op's ``templateParams``, ``$name`` values read from the workload's params."""
+    return {k: params[v[1:]] if isinstance(v, str) and v.startswith("$") else v
+            for k, v in (op.get("templateParams") or {}).items()}
+
+
+def pod_group_of(obj: dict, namespace: str) -> dict | None:
+    """The scheduler-plugins PodGroup standing for an upstream Workload API PodGroup
+    (``scheduling.k8s.io``, ``spec.schedulingPolicy.gang.minCount``), as the controller of
+    ``docs/gangs.md`` ("How the upstream Workload API maps onto it") would make it: ``minMember``
+    = ``minCount``. None for a group without a gang policy (``basic``: nothing to hold together)."""
+    gang = ((obj.get("spec") or {}).get("schedulingPolicy") or {}).get("gang")
+    if not isinstance(gang, dict):
+        return None
+    return {"apiVersion": POD_GROUP_API_VERSION, "kind": "PodGroup",
+            "metadata": {"name": obj["metadata"]["name"], "namespace": namespace},
+            "spec": {"minMember": gang.get("minCount")}}
+
+
+def _join_pod_group(pod: dict) -> None:
+    """A pod naming an upstream PodGroup (``spec.schedulingGroup.podGroupName``) joins the
+    scheduler-plugins PodGroup of that name by its label instead (`pod_group_of`)."""
+    spec = pod.get("spec") or {}
+    group = (spec.pop("schedulingGroup", None) or {}).get("podGroupName")
+    if group:
+        pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = group
 
 
 def _name(obj: dict, fallback: str, index: int) -> None:
@@ -318,6 +419,9 @@ class Plan:
     churn: list[Churn] = field(default_factory=list)
     #: Services, ReplicationControllers, ReplicaSets, StatefulSets of ``createAny`` ops
     spread_selectors: list[dict] = field(default_factory=list)
+    #: scheduler-plugins PodGroups standing for the upstream PodGroups of ``createAny`` ops
+    #: (`pod_group_of`)
+    pod_groups: list[dict] = field(default_factory=list)
 
 
 def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
@@ -343,6 +447,8 @@ def plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int = 0,
         return _plan(w, templates, scheduler_name, seed, build)
     except OSError as e:
         return Plan(w, SKIP, [f"template not readable: {e.filename or e}"])
+    except TemplateError as e:
+        return Plan(w, SKIP, [str(e)])
 
 
 def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, build: bool) -> Plan:
@@ -356,26 +462,37 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
         if code not in _OPS:
             skip.append(f"op {code} is not supported by this runner")
             continue
-        if code in ("createNamespaces", "barrier"):
-            continue
+        if code in ("createNamespaces", "barrier", "waitForPodGroups"):
+            continue  # the PodGroups are in the cluster before any pod (`run_embedded`)
         if code == "createAny":
             path = templates.path(w.case.base, op.get("templatePath") or "")
-            kind = templates.get(path).get("kind")
-            if set(op) - _CREATE_ANY_KEYS or kind not in SPREAD_SELECTOR_KINDS:
+            template = templates.get(path)
+            kind = template.get("kind")
+            group = kind == "PodGroup" and str(template.get("apiVersion", "")).startswith(_WORKLOAD_API_GROUP)
+            if set(op) - _CREATE_ANY_KEYS or not (kind in SPREAD_SELECTOR_KINDS or group):
                 skip.append(f"createAny of a {kind} is not supported by this runner")
                 continue
             if build:
-                obj = templates.stamp(path, len(p.spread_selectors))
-                _name(obj, f"{kind.lower()}-", len(p.spread_selectors))
-                obj["metadata"]["namespace"] = op.get("namespace") or f"namespace-{i}"
-                p.spread_selectors.append(obj)
+                ns = op.get("namespace") or f"namespace-{i}"
+                values = _template_values(op, w.params)
+                for _ in range(_count(op, w.params, default=1)):
+                    made = p.pod_groups if group else p.spread_selectors
+                    obj = templates.stamp(path, len(made), values)
+                    _name(obj, f"{kind.lower()}-", len(made))
+                    obj["metadata"]["namespace"] = ns
+                    if group:
+                        obj = pod_group_of(obj, ns)
+                        if obj is None:
+                            continue
+                    made.append(obj)
             continue
         if code == "createNodes":
             extra = set(op) - _CREATE_NODES_KEYS
             if extra:
                 skip.append(f"createNodes option(s) {', '.join(sorted(extra))} not supported")
                 continue
-            path = templates.path(w.case.base, op.get("nodeTemplatePath") or "../templates/node-default.yaml")
+            path = (templates.path(w.case.base, op["nodeTemplatePath"]) if op.get("nodeTemplatePath")
+                    else w.case.root / "templates" / "node-default.yaml")
             label = op.get("labelNodePrepareStrategy")
             if build:
                 start = len(p.nodes)
@@ -411,8 +528,8 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
             skip.append(f"createPods option(s) {', '.join(sorted(extra))} not supported")
             continue
         # upstream falls back to makeBasePod(), which is pod-default.yaml
-        rel = op.get("podTemplatePath") or w.case.default_pod_template or "../templates/pod-default.yaml"
-        path = templates.path(w.case.base, rel)
+        rel = op.get("podTemplatePath") or w.case.default_pod_template
+        path = templates.path(w.case.base, rel) if rel else w.case.root / "templates" / "pod-default.yaml"
         s, pt = _pod_problems(templates.get(path))
         skip += s
         partial += pt
@@ -425,11 +542,13 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
             ns = op.get("namespace") or f"namespace-{i}"
             target = p.measured if measured else p.init_pods
             start = len(p.init_pods) + len(p.measured)
+            values = _template_values(op, w.params)
             for k in range(_count(op, w.params)):
-                pod = templates.stamp(path, k)
+                pod = templates.stamp(path, k, values)
                 _name(pod, "pod-", start + k)
                 pod["metadata"]["namespace"] = ns
                 pod.setdefault("spec", {}).setdefault("schedulerName", scheduler_name)
+                _join_pod_group(pod)
                 target.append(pod)
     if not measured_seen and not skip:
         skip.append("no createPods op with collectMetrics")
@@ -617,6 +736,9 @@ class PerfResult:
     #: and the victims deleted
     preemptions: int = 0
     victims: int = 0
+    #: PodGroups of the workload, and the coordinator's count of gangs held whole in the ledger in the ledger (PodGroups)
+    pod_groups: int = 0
+    gangs_placed: int = 0
     measurement: Measurement | None = None
 
     @property
@@ -631,7 +753,8 @@ class PerfResult:
         return {"workload": self.workload.full_name, "source": self.workload.case.source, "status": self.status,
                 "reasons": self.reasons, "threshold_pods_per_s": thr, "nodes": self.nodes, "init_pods": self.init_pods,
                 "init_pods_unplaced": self.init_unplaced, "churn_objects": self.churn_objects,
-                "preemptions": self.preemptions, "victims": self.victims,
+                "preemptions": self.preemptions, "victims": self.victims, "pod_groups": self.pod_groups,
+                "gangs_placed": self.gangs_placed,
                 "preemptions_per_s": round(self.preemptions_per_s, 1),
                 "victims_per_preemptor": round(self.victims / self.preemptions, 2) if self.preemptions else None,
                 "vs_threshold": round(m.throughput_pods_per_s / thr, 3) if m and thr else None,
@@ -647,6 +770,8 @@ def run(params: PerfParams, progress: Progress | None = None) -> tuple[list[Perf
         ConfigError: an invalid ``config_path``.
     """
     config = load_config(params.config_path)
+    gang_config = (config if _has_coscheduling(config) else load_config(GANG_CONFIG) if params.config_path is None
+                   else None)
     scheduler_name = config.profiles[0].scheduler_name
     everything = load_workloads(params.data_dir)
     chosen = select(everything, params.workloads)
@@ -662,14 +787,27 @@ def run(params: PerfParams, progress: Progress | None = None) -> tuple[list[Perf
                 results.append(PerfResult(w, SKIP, entry["reasons"]))
                 progress.note(f"{w.full_name}: skipped: {'; '.join(entry['reasons'])}")
                 continue
-            results.append(_run_one(w, config, templates, params, ray_session, progress))
+            results.append(_run_one(w, config, gang_config, templates, params, ray_session, progress))
     return results, cat
 
 
-def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates, params: PerfParams,
-             ray_session: RaySession, progress: Progress) -> PerfResult:
+def _has_coscheduling(config: SchedulerConfiguration) -> bool:
+    """Whether the first profile (the measured pods') enables Coscheduling."""
+    from shardsched.plugins.coscheduling.plugin import NAME
+
+    return NAME in build_schedulers(config, NodeTable(), 0)[config.profiles[0].scheduler_name].framework.plugins
+
+
+def _run_one(w: Workload, config: SchedulerConfiguration, gang_config: SchedulerConfiguration | None,
+             templates: _Templates, params: PerfParams, ray_session: RaySession, progress: Progress) -> PerfResult:
     scheduler_name = config.profiles[0].scheduler_name
     p = plan(w, templates, scheduler_name, params.seed)
+    if p.pod_groups:
+        if gang_config is None:
+            why = "PodGroups need a profile with Coscheduling: the --config given has none in its first profile"
+            progress.note(f"{w.full_name}: skipped: {why}")
+            return PerfResult(w, SKIP, [why])
+        config = gang_config
     unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed, p.spread_selectors)
     init = [pod for pod in p.init_pods if pod["spec"].get("nodeName")]
     # init pods at t=0, the measured ones in one later call (the runtime's timed feeder), so that
@@ -683,7 +821,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
         workload.append((tail_s, None, _sentinel(p.nodes[0]["metadata"]["name"], scheduler_name)))
     churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured), after_created=len(init))
     options = ray_session.options(shards=params.shards, seed=params.seed, timeout_s=params.timeout_s,
-                                  spread_selectors=p.spread_selectors,
+                                  spread_selectors=p.spread_selectors, pod_groups=p.pod_groups,
                                   shard_options=ShardOptions(batch_size=params.batch_size,
                                                              max_batch_size=params.max_batch_size, seed=params.seed))
 
@@ -714,7 +852,8 @@ def _run_one(w: Workload, config: SchedulerConfiguration, templates: _Templates,
         notes=list(p.reasons), errors=list(report.errors) + ended_early(report))
     progress.finish(w.full_name, m)
     return PerfResult(w, p.status, p.reasons, len(p.nodes), len(init), unplaced, churn.created,
-                      int(last.get("preemptions", 0)), int(last.get("victims", 0)), m)
+                      int(last.get("preemptions", 0)), int(last.get("victims", 0)), len(p.pod_groups),
+                      int(last.get("gangs_placed", 0)), m)
 
 
 # ------------------------------------------------------------------------------------ output
@@ -738,6 +877,7 @@ def markdown(results: list[PerfResult], cat: list[dict], params: PerfParams) -> 
         note = "; ".join(r.reasons + m.errors + unbound
                          + ([f"{r.init_unplaced} init pods did not fit"] if r.init_unplaced else [])
                          + ([f"{r.churn_objects} churn objects"] if r.churn_objects else [])
+                         + ([f"{r.gangs_placed:,}/{r.pod_groups:,} gangs held whole"] if r.pod_groups else [])
                          + ([f"{r.preemptions:,} preemptions ({r.preemptions_per_s:,.1f}/s), "
                              f"{r.victims / r.preemptions:.2f} victims each"] if r.preemptions else []))
         body.append([r.workload.full_name, f"{r.nodes:,}", f"{r.init_pods:,}", f"{m.bound:,}/{m.pods:,}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import sys
@@ -230,7 +231,8 @@ def field(**kw) -> None:
               help="Workload to run, TestCase/workload, glob allowed (repeatable); default: the performance-size "
                    "workloads of SchedulingBasic, SchedulingNodeAffinity, SchedulingWithNodeInclusionPolicy, "
                    "Unschedulable, SchedulingWithMixedChurn, SchedulingWithExtendedResource, HostPortConflict, "
-                   "PreemptionBasic (5000Nodes, commented out upstream) and PreemptionAsync (--list marks them).")
+                   "PreemptionBasic (5000Nodes, commented out upstream), PreemptionAsync and GangScheduling "
+                   "(--list marks them).")
 @click.option("--list", "list_only", is_flag=True, help="List every workload of the configs with its status and exit.")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Folder of kube-scheduler's scheduler_perf workloads, copied from the kubernetes repository's "
@@ -268,7 +270,8 @@ def perf(**kw) -> None:
         if kw["output"] == "json":
             click.echo(json.dumps(cat, indent=2))
         else:
-            default = set(mod.DEFAULT_WORKLOADS)
+            default = {c["workload"] for c in cat
+                       if any(fnmatch.fnmatchcase(c["workload"], pat) for pat in mod.DEFAULT_WORKLOADS)}
             click.echo(markdown_table(["workload", "threshold", "status", "default", "reasons"],
                                       [[c["workload"], c["threshold"] or "—", c["status"],
                                         "yes" if c["workload"] in default else "", "; ".join(c["reasons"])] for c in cat]))

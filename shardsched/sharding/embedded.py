@@ -107,6 +107,7 @@ class EmbeddedRun:
         self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
         ray.get([self.cluster.put_spread_selector.remote(obj) for obj in o.spread_selectors])
+        ray.get([self.cluster.create_pod_group.remote(obj) for obj in o.pod_groups])
         self._start_coordinator(adopt=False)
         self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
         if o.metrics_port:

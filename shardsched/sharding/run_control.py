@@ -112,3 +112,5 @@ class RunOptions:
     #: Services, ReplicationControllers, ReplicaSets and StatefulSets put into the simulated cluster
     #: with the nodes (`SimCluster.put_spread_selector`): PodTopologySpread's default selectors
     spread_selectors: list[dict] = field(default_factory=list)
+    #: PodGroups (scheduler-plugins') put into the simulated cluster with the nodes, before any pod
+    pod_groups: list[dict] = field(default_factory=list)

@@ -244,6 +244,7 @@ class Coordinator:
                 "routed": state.counters["routed"], "requeues": state.counters["requeues"],
                 "nominated": state.counters["nominated"], "nominated_pending": len(state.nominated),
                 "preemptions": state.counters["preemptions"], "victims": state.counters["victims"],
+                "gangs_placed": state.counters["gangs_placed"], "gang_refusals": state.counters["gang_refusals"],
                 "preemptors_waiting": sum(1 for uid, n in state.preempting.items() if n.node and uid in state.pending),
                 "invalid": len(state.invalid), "replaced_shards": self.health.replaced,
                 "ledger_rebuilds": self.ledger_sync.rebuilds, "last_error": state.last_error,
