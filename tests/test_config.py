@@ -674,6 +674,13 @@ def test_parse_plugin_args_for_factories():
         parse_plugin_args("FastScore")
 
 
+def test_coscheduling_args_pod_group_backoff():
+    assert parse_plugin_args("Coscheduling", None).pod_group_backoff_seconds == 0
+    assert parse_plugin_args("Coscheduling", {"podGroupBackoffSeconds": 30}).pod_group_backoff_seconds == 30
+    with pytest.raises(ConfigError, match=r"^args\.podGroupBackoffSeconds: "):
+        parse_plugin_args("Coscheduling", {"podGroupBackoffSeconds": -1})
+
+
 def test_every_listed_plugin_is_known():
     assert not set(SUPPORTED_PLUGINS) & UNIMPLEMENTED_PLUGINS
     for plugin, points in PLUGIN_POINTS.items():

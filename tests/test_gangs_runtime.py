@@ -6,6 +6,7 @@ an Event; a member whose bind is refused is decided again and the gang completes
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from shardsched.cluster import BindResult
@@ -41,7 +42,8 @@ def gang(world: World, name: str, size: int, cpu: str = "1", min_member: int | N
 
 def bound_per_group(world: World) -> Counter:
     pods, _ = world.cluster.list_pods()
-    return Counter(p["metadata"]["labels"][LABEL] for p in pods if p["spec"].get("nodeName"))
+    return Counter(p["metadata"]["labels"][LABEL] for p in pods
+                   if p["spec"].get("nodeName") and LABEL in (p["metadata"].get("labels") or {}))
 
 
 def holds(world: World) -> dict:
@@ -184,3 +186,44 @@ def test_gangs_decided_in_one_pass_are_held_each_all_or_nothing(ledger) -> None:
     assert holds(world) == {}
     attempts = world.coordinator.state.metrics.podgroup_attempts
     assert attempts.labels("scheduled")._value.get() == 3 and attempts.labels("error")._value.get() >= 1
+
+
+def test_pod_group_backoff_keeps_a_failed_gang_waiting_although_room_was_freed(ledger) -> None:
+    """Coscheduling's podGroupBackoffSeconds: a gang (with its minMember pods) that could not be
+    placed is not tried again for that long, even once the room it lacked is freed; then it is."""
+    config = load_config("""
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+podInitialBackoffSeconds: 0.01
+podMaxBackoffSeconds: 0.05
+profiles:
+- schedulerName: shardsched
+  plugins:
+    multiPoint:
+      enabled: [{name: Coscheduling}]
+      disabled: [{name: PrioritySort}]
+  pluginConfig:
+  - name: Coscheduling
+    args: {podGroupBackoffSeconds: 1}
+""")
+    world = World(ledger, n_nodes=2, shards=2, config=config)
+    [blocker] = world.cluster.create_pods(uniform_pods(1, cpu="2", scheduler_name="shardsched", prefix="blocker-"))
+    world.settle()
+    gang(world, "train", 2, cpu="3")  # one 3-cpu member fits beside the blocker's 2 of 4 cpus, not two
+    world.settle(parked_ok=True)
+    failed_at = time.monotonic()
+    assert bound_per_group(world) == {} and messages(world, "train-00000")
+    world.cluster.delete_pod("default", blocker["metadata"]["name"])
+
+    def step_until(done, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while not done() and time.monotonic() < deadline:
+            world.coordinator.step()
+            for s in world.shards.values():
+                s.step()
+            time.sleep(0.005)
+
+    step_until(lambda: bool(bound_per_group(world)), 0.5)
+    assert bound_per_group(world) == {}  # room enough now, but the group failed recently
+    step_until(lambda: bound_per_group(world) == {"train": 2}, 10.0)
+    assert bound_per_group(world) == {"train": 2} and time.monotonic() - failed_at >= 1.0

@@ -367,11 +367,13 @@ class CoschedulingArgs(PluginArgs):
     Attributes:
         permit_waiting_time_seconds: how long a member of a PodGroup without
             ``scheduleTimeoutSeconds`` waits at Permit for its siblings, >= 0; default 60.
-
-    Upstream's ``podGroupBackoffSeconds`` is not implemented (an unknown field here).
+        pod_group_backoff_seconds: how long a group that could not be placed whole (with at least
+            ``minMember`` pods) is left alone before it is tried again, >= 0; default 0 (no such
+            backoff: the queue's backoff alone), as upstream's.
     """
 
     permit_waiting_time_seconds: int = Field(60, ge=0)
+    pod_group_backoff_seconds: int = Field(0, ge=0)
 
 
 class VolumeBindingArgs(PluginArgs):

@@ -25,8 +25,13 @@ decides a whole gang over the whole cluster and holds it in the ledger before an
 shard (`shardsched.sharding.coordinator.gangs`), as it nominates the pods whose constraints need
 the whole cluster.
 
+``podGroupBackoffSeconds`` (`pod_group_backoff_s`): a group that could not be placed whole, with
+at least ``minMember`` pods, is not tried again for that long (upstream's "podGroup ... failed
+recently"); the sharded runtime's coordinator, which decides whole gangs, applies it
+(`shardsched.sharding.coordinator.gangs`).
+
 Not implemented: upstream's PostFilter (it rejects the waiting siblings of a member that fits no
-node; here a gang is decided as one, ``docs/gangs.md``) and ``podGroupBackoffSeconds``.
+node; here a gang is decided as one, ``docs/gangs.md``).
 """
 
 from __future__ import annotations
@@ -64,16 +69,18 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
             the members held at Permit.
         permit_waiting_time_s: the wait at Permit of a group without ``scheduleTimeoutSeconds``.
         partial_view: the framework's table holds only part of the cluster (module docstring).
+        pod_group_backoff_s: ``podGroupBackoffSeconds`` (0: none; module docstring).
     """
 
     name = NAME
 
     def __init__(self, handle: Handle, permit_waiting_time_s: int = DEFAULT_PERMIT_WAITING_TIME_S,
-                 partial_view: bool = False) -> None:
+                 partial_view: bool = False, pod_group_backoff_s: int = 0) -> None:
         self.handle = handle
         self.groups = handle.pod_groups
         self.permit_waiting_time_s = permit_waiting_time_s
         self.partial_view = partial_view
+        self.pod_group_backoff_s = pod_group_backoff_s
 
     # ------------------------------------------------------------------ QueueSort
     def sort_key(self, pod: PodInfo, timestamp: float, seq: int) -> tuple:
@@ -178,5 +185,6 @@ class Coscheduling(QueueSortPlugin, PreFilterPlugin, ReservePlugin, PermitPlugin
 
 
 def new(args, partial_view: bool, handle: Handle) -> Coscheduling:
-    return Coscheduling(handle, DEFAULT_PERMIT_WAITING_TIME_S if args is None else args.permit_waiting_time_seconds,
-                        partial_view)
+    if args is None:
+        return Coscheduling(handle, DEFAULT_PERMIT_WAITING_TIME_S, partial_view)
+    return Coscheduling(handle, args.permit_waiting_time_seconds, partial_view, args.pod_group_backoff_seconds)

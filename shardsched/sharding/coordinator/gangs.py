@@ -35,7 +35,8 @@ PodScheduled=False with the gang's words and the first failure's (``pod group de
 retry once the cluster changed (a pod gone or finished, a node changed; after
 ``podMaxInUnschedulablePodsDurationSeconds`` at the latest), no sooner than a backoff
 (``podInitialBackoffSeconds`` doubling to ``podMaxBackoffSeconds``), or as soon as the group or its
-members change. A refusal of the ledger (the coordinator's table was behind) is retried after
+members change; with Coscheduling's ``podGroupBackoffSeconds``, a group that has its ``minMember``
+pods is not tried again before that many seconds, whatever changes. A refusal of the ledger (the coordinator's table was behind) is retried after
 the backoff alone. The holds of members on their way are renewed every
 health period and released when the member binds or is deleted.
 
@@ -100,6 +101,8 @@ class Gangs:
         #: an unschedulable group waits for one (or its deadline): group key -> (count, deadline)
         self._changes = 0
         self._unschedulable_since: dict[str, tuple[int, float]] = {}
+        #: group key -> monotonic time until which it is not tried (``podGroupBackoffSeconds``)
+        self._failed_recently: dict[str, float] = {}
         self._views: dict = {}  # the PodGroups as listed and watched: key -> PodGroup
         self._invalid: dict[str, str] = {}
         self._served = True
@@ -217,7 +220,7 @@ class Gangs:
         holds every health period. Returns whether any group was decided."""
         now = time.monotonic()
         due = [key for key, at in self._due.items() if at <= now and self.held.get(key) and self._may_help(key, now)
-               ] if self.caught_up else []
+               and self._failed_recently.get(key, 0.0) <= now] if self.caught_up else []
         if due:
             self._decide(due)
         for key in [k for k, held in self.held.items() if not held]:
@@ -225,6 +228,7 @@ class Gangs:
             self._due.pop(key, None)
             self._backoff.pop(key, None)
             self._unschedulable_since.pop(key, None)
+            self._failed_recently.pop(key, None)
         for key in [k for k, flight in self.in_flight.items() if not flight]:
             del self.in_flight[key]
         if now - self._last_renew >= 10.0:
@@ -375,6 +379,12 @@ class Gangs:
         self._retry(key)
         self._unschedulable_since[key] = (self._changes,
                                           time.monotonic() + self.state.config.pod_max_in_unschedulable_s)
+        # Coscheduling's podGroupBackoffSeconds: a group with its minMember pods that failed is left
+        # alone that long, whatever changes meanwhile (upstream's "podGroup ... failed recently")
+        group = self.groups.groups.get(key)
+        backoff_s = cluster_scheduler(self.state, held[0].pod).framework.plugins[COSCHEDULING].pod_group_backoff_s
+        if backoff_s and group is not None and self.groups.counts(key)[0] >= group.min_member:
+            self._failed_recently[key] = time.monotonic() + backoff_s
 
     def _retry(self, key: str) -> None:
         config = self.state.config
