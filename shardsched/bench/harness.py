@@ -10,7 +10,6 @@ each run still gets its own Redis, cluster, coordinator and shard actors, all st
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import sys
@@ -131,24 +130,19 @@ class RaySession:
         self._started = False
 
     def __enter__(self) -> "RaySession":
-        import ray
-
+        from shardsched.sharding.rayaccess import start_or_join_local
         from shardsched.sharding.scaling import RAY_NAMESPACE
 
-        if not ray.is_initialized():
-            # in shardsched's namespace, as `run`'s job: the runs' detached actors live there (else
-            # Ray's raylet warns on stdout about each, into `-o json`)
-            ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
-                     configure_logging=False, namespace=RAY_NAMESPACE)
-            self._started = True
-        self.address = ray.get_runtime_context().gcs_address
+        # in shardsched's namespace, as `run`'s job: the runs' detached actors live there (else
+        # Ray's raylet warns on stdout about each, into `-o json`)
+        self.address, self._started = start_or_join_local(RAY_NAMESPACE)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._started:
-            import ray
+            from shardsched.sharding.rayaccess import shutdown
 
-            ray.shutdown()
+            shutdown()
 
     def options(self, **kw: Any) -> "RunOptions":
         """`RunOptions` joining this Ray."""

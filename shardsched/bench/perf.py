@@ -79,6 +79,7 @@ from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_e
 from shardsched.cache.node_table import NodeTable
 from shardsched.config import SchedulerConfiguration, load_config
 from shardsched.scheduler.algorithm import build_schedulers
+from shardsched.sharding.calls import SimClusterClient
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.workload import PAUSE_IMAGE
 
@@ -643,9 +644,9 @@ class _ChurnDriver:
         self._seq = 0
         self._inflight: list[Any] = []
 
-    def tick(self, cluster: Any, now: float, bound: int, created: int) -> None:
+    def tick(self, cluster: SimClusterClient, now: float, bound: int, created: int) -> None:
         """One call of the progress callback: ``bound`` measured pods so far, ``created`` pods made
-        by the feeder."""
+        by the feeder; the churn's objects go to ``cluster`` (fire and forget, collected next time)."""
         self._collect(0.0)
         if self.stopped or not self.churns or created < self.after_created:
             return
@@ -665,12 +666,12 @@ class _ChurnDriver:
                     slot = (self.ticks[ci] % churn.number) if churn.mode == "recreate" and churn.number else None
                     old = self.slots[ci].pop(slot, None) if slot is not None else None
                     if old is not None:
-                        self._inflight.append(cluster.delete_node.remote(old[2]) if old[0] == "Node"
-                                              else cluster.delete_pod.remote(old[1], old[2]))
+                        self._inflight.append(cluster.delete_node(old[2]) if old[0] == "Node"
+                                              else cluster.delete_pod(old[1], old[2], None, None))
                     obj = self._object(kind, path, churn.namespace)
                     meta = obj["metadata"]
-                    self._inflight.append(cluster.create_nodes.remote([obj]) if kind == "Node"
-                                          else cluster.create_pods.remote([obj]))
+                    self._inflight.append(cluster.create_nodes([obj]) if kind == "Node"
+                                          else cluster.create_pods([obj]))
                     if slot is not None:
                         self.slots[ci][slot] = (kind, meta.get("namespace", ""), meta["name"])
                     self.created += 1
@@ -681,14 +682,14 @@ class _ChurnDriver:
         self._collect(10.0)
 
     def _collect(self, timeout_s: float) -> None:
-        import ray
+        from shardsched.sharding.remote import settled
 
         if not self._inflight:
             return
-        ready, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=timeout_s)
-        for ref in ready:
+        ready, self._inflight = settled(self._inflight, timeout_s)
+        for reply in ready:
             try:
-                ray.get(ref)
+                reply.wait(None)
             except Exception:  # noqa: BLE001 - NotFound and friends: churn goes on
                 pass
         self._inflight = [] if timeout_s else self._inflight
@@ -829,7 +830,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, gang_config: Scheduler
 
     def on_progress(run, bound: int, total: int, status: dict) -> None:
         last.update(status)
-        churn.tick(run.cluster, time.monotonic(), bound, run.feeder.created)
+        churn.tick(run.feeder.cluster, time.monotonic(), bound, run.feeder.created)
         progress.update(bound, f"pending {status['pending']}, unschedulable {status['unschedulable']}")
 
     progress.start(w.full_name, len(p.measured), f"{len(p.nodes)} nodes, {len(init)} init pods")

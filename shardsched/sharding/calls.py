@@ -345,6 +345,52 @@ class ClusterClient:
         return self.channel.send(ClusterBackend.record_event, obj_ref, type, reason, message)
 
 
+class SimClusterAPI(Protocol):
+    """What the simulated cluster's process offers beside `ClusterBackend` to whoever drives a run
+    (`shardsched.sharding.sim_actor.SimClusterHost`): the workload's objects in, the counts out."""
+
+    def create_nodes(self, objs: Iterable[Any]) -> list[dict]: ...
+    def delete_node(self, name: str, delete_pods: bool = False) -> dict: ...
+    def create_pods(self, objs: Iterable[Any]) -> list[dict]: ...
+    def get_pod(self, namespace: str, name: str) -> dict: ...
+    def put_spread_selector(self, obj: Any) -> dict: ...
+    def progress(self) -> dict[str, Any]: ...
+    def invariants(self) -> dict[str, Any]: ...
+    def bind_times(self) -> dict[str, list]: ...
+    def pid(self) -> int: ...
+
+
+class SimClusterClient(ClusterClient):
+    """`ClusterClient` of the simulated cluster, with `SimClusterAPI`'s calls too."""
+
+    def create_nodes(self, objs: Iterable[Any]) -> Reply[list[dict]]:
+        return self.channel.send(SimClusterAPI.create_nodes, objs)
+
+    def delete_node(self, name: str, delete_pods: bool = False) -> Reply[dict]:
+        return self.channel.send(SimClusterAPI.delete_node, name, delete_pods)
+
+    def create_pods(self, objs: Iterable[Any]) -> Reply[list[dict]]:
+        return self.channel.send(SimClusterAPI.create_pods, objs)
+
+    def get_pod(self, namespace: str, name: str) -> Reply[dict]:
+        return self.channel.send(SimClusterAPI.get_pod, namespace, name)
+
+    def put_spread_selector(self, obj: Any) -> Reply[dict]:
+        return self.channel.send(SimClusterAPI.put_spread_selector, obj)
+
+    def progress(self) -> Reply[dict[str, Any]]:
+        return self.channel.send(SimClusterAPI.progress)
+
+    def invariants(self) -> Reply[dict[str, Any]]:
+        return self.channel.send(SimClusterAPI.invariants)
+
+    def bind_times(self) -> Reply[dict[str, list]]:
+        return self.channel.send(SimClusterAPI.bind_times)
+
+    def pid(self) -> Reply[int]:
+        return self.channel.send(SimClusterAPI.pid)
+
+
 class ClusterBinds:
     """A shard's `shardsched.sharding.protocols.BindTarget` over a `ClusterClient`: a Ray actor
     (the simulated cluster), or a backend object living in this process (a shard actor's copy of

@@ -25,7 +25,9 @@ import ray
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import coordinator_actor, kill_shard_actors
+from shardsched.sharding.calls import SimClusterClient
 from shardsched.sharding.rayaccess import describe_access
+from shardsched.sharding.remote import channel
 from shardsched.sharding.run_control import DropMessage, Interrupted, RunError, RunOptions, how_it_ended, interruptible
 from shardsched.sharding.run_feed import WorkloadFeeder
 from shardsched.sharding.run_report import (ProcessMeter, RunReport, Sample, allocatable_of, ray_system_pids,
@@ -103,7 +105,8 @@ class EmbeddedRun:
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
         self.redis_url = redis_url
-        self.cluster = self.feeder.cluster = self._new_cluster()
+        self.cluster = self._new_cluster()
+        self.feeder.cluster = SimClusterClient(channel(self.cluster))
         self._actors.append(self.cluster)
         ray.get(self.cluster.create_nodes.remote(self.nodes))
         ray.get([self.cluster.put_spread_selector.remote(obj) for obj in o.spread_selectors])

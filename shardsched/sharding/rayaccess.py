@@ -67,6 +67,29 @@ def describe_access() -> tuple[str, str]:
     return address, f"token authentication, token in {where}"
 
 
+def start_or_join_local(namespace: str) -> tuple[str, bool]:
+    """This process's Ray: the one it is connected to, else a new local one in ``namespace`` (no
+    dashboard, Ray's logs at WARNING, workers' output to this process). Returns its GCS address and
+    whether it was started here (then `shutdown` ends it)."""
+    import logging
+
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
+                 configure_logging=False, namespace=namespace)
+        started = True
+    return ray.get_runtime_context().gcs_address, started
+
+
+def shutdown() -> None:
+    """Disconnect this process from Ray, ending a Ray it started."""
+    import ray
+
+    ray.shutdown()
+
+
 def refused_hint(address: str) -> str:
     """What to do when Ray at ``address`` refused this process's token (``InvalidAuthToken``),
     naming what this process had: no token, token authentication turned off, or a token that is

@@ -61,6 +61,18 @@ class RayChannel:
             pass
 
 
+def settled(replies: list[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
+    """Wait up to ``timeout_s`` for every reply of ``replies`` (`RayReply`, or one already there):
+    (those answered, those still waited for), each in the order given."""
+    refs = [r.ref for r in replies if isinstance(r, RayReply)]
+    if not refs:
+        return list(replies), []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    answered = [r for r in replies if not isinstance(r, RayReply) or r.ref in done]
+    return answered, [r for r in replies if isinstance(r, RayReply) and r.ref not in done]
+
+
 def channel(target: Any) -> Channel:
     """The channel to ``target``: `RayChannel` for an actor handle, else `Local`."""
     return RayChannel(target) if isinstance(target, ray.actor.ActorHandle) else Local(target)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
-
-import ray
 
 from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
+from shardsched.sharding.calls import SimClusterClient
 from shardsched.sharding.run_control import RunOptions
 from shardsched.sharding.sim_actor import unschedulable
 from shardsched.sim.trace import TraceReplay
@@ -23,7 +21,7 @@ CREATE_CHUNK = 2000
 
 class WorkloadFeeder:
     """Feeds ``workload`` ((creation s, deletion s or None, Pod dict) triples) into the simulated
-    cluster actor ``cluster`` (set before `feed`).
+    cluster through ``cluster`` (a `SimClusterClient`, set before `feed`).
 
     Attributes:
         errors: what went wrong, one line each (shared with the run's other errors).
@@ -34,7 +32,7 @@ class WorkloadFeeder:
 
     def __init__(self, workload: list[tuple[float, float | None, dict]], options: RunOptions,
                  errors: list[str]) -> None:
-        self.cluster: Any = None
+        self.cluster: SimClusterClient | None = None
         self.workload = workload
         self.options = options
         self.errors = errors
@@ -82,7 +80,7 @@ class WorkloadFeeder:
         now = time.time()
         for p in pods:
             p.setdefault("metadata", {}).setdefault("annotations", {})[CREATED_AT_ANNOTATION] = repr(now)
-        ray.get(self.cluster.create_pods.remote(pods))
+        self.cluster.create_pods(pods).wait(None)
         self.created += len(pods)
         if self.created_first_s is None:
             self.created_first_s = started - self.t0
@@ -102,7 +100,7 @@ class WorkloadFeeder:
                 if id(s.pod) not in self._instant:  # a pod the trace deletes when created is not waited for
                     held_s += self._wait_for_bind(namespace, meta["name"], stop)
                 try:
-                    ray.get(self.cluster.delete_pod.remote(namespace, meta["name"]))
+                    self.cluster.delete_pod(namespace, meta["name"], None, None).wait(None)
                 except Exception:  # noqa: BLE001 - already gone is fine
                     pass
         steps.clear()
@@ -117,7 +115,7 @@ class WorkloadFeeder:
         started = None
         while not stop.is_set():
             try:
-                pod = ray.get(self.cluster.get_pod.remote(namespace, name))
+                pod = self.cluster.get_pod(namespace, name).wait(None)
             except Exception:  # noqa: BLE001 - gone
                 break
             if pod["spec"].get("nodeName") or unschedulable(pod):
