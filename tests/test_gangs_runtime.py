@@ -16,7 +16,8 @@ from shardsched.sim import SimCluster, uniform_pods
 from test_coordinator import World
 
 LABEL = "scheduling.x-k8s.io/pod-group"
-CONFIG = load_config("""
+#: the gang profile (Coscheduling instead of PrioritySort) with short backoffs
+CONFIG_YAML = """
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 podInitialBackoffSeconds: 0.01
@@ -27,7 +28,8 @@ profiles:
     multiPoint:
       enabled: [{name: Coscheduling}]
       disabled: [{name: PrioritySort}]
-""")
+"""
+CONFIG = load_config(CONFIG_YAML)
 
 
 def gang(world: World, name: str, size: int, cpu: str = "1", min_member: int | None = None,
@@ -191,17 +193,7 @@ def test_gangs_decided_in_one_pass_are_held_each_all_or_nothing(ledger) -> None:
 def test_pod_group_backoff_keeps_a_failed_gang_waiting_although_room_was_freed(ledger) -> None:
     """Coscheduling's podGroupBackoffSeconds: a gang (with its minMember pods) that could not be
     placed is not tried again for that long, even once the room it lacked is freed; then it is."""
-    config = load_config("""
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-podInitialBackoffSeconds: 0.01
-podMaxBackoffSeconds: 0.05
-profiles:
-- schedulerName: shardsched
-  plugins:
-    multiPoint:
-      enabled: [{name: Coscheduling}]
-      disabled: [{name: PrioritySort}]
+    config = load_config(CONFIG_YAML + """\
   pluginConfig:
   - name: Coscheduling
     args: {podGroupBackoffSeconds: 1}
