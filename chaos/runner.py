@@ -36,6 +36,7 @@ from chaos.scenario import REPLICA_SET_APP, Scenario
 from chaos.verdict import Verdict, build_verdict
 from shardsched.api.quantity import canonical_quantity
 from shardsched.api.podgroup import POD_GROUP_LABEL
+from shardsched.cache.devices import is_device_resource
 from shardsched.config import load_config
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import MAX_CONCURRENCY
@@ -326,7 +327,8 @@ class ChaosRun(EmbeddedRun):
                 for node in nodes:
                     usage = ledger.node_usage(node)
                     want = {r: v for r, v in truth.get(node, {}).items() if v}
-                    if usage.used != want or usage.reserved:
+                    used = {r: v for r, v in usage.used.items() if not is_device_resource(r)}  # sums only
+                    if used != want or usage.reserved:
                         drift[node] = {"ledger_used": usage.used, "ledger_reserved": usage.reserved, "cluster": want}
             except ShardschedError as e:
                 drift = {"(ledger unreadable)": {"error": str(e)}}

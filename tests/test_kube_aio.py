@@ -173,6 +173,22 @@ def test_many_binds_with_few_slots_all_land_once(simapi, simapi_spec):
         kc.stop()
 
 
+def test_a_binding_s_annotations_are_sent_in_its_metadata(simapi, simapi_spec):
+    """The GPU devices travel in the Binding's ``metadata.annotations`` (the API server sets them
+    on the pod with the binding): one request per pod, and a pod bound without them has none."""
+    pods = _pending_pods(simapi, "g", 2)
+    kc = KubeCluster(simapi_spec, [SCHED], bind_workers=2, emit_scheduled=False)
+    try:
+        results = kc.bind_many([("default", "g0", "n0", pods[0]["metadata"]["uid"], {"shardsched.io/gpu-devices": "0,3"}),
+                                ("default", "g1", "n1", pods[1]["metadata"]["uid"])])
+        assert [r.code for r in results] == [201, 201]
+    finally:
+        kc.stop()
+    g0, g1 = simapi.sim.get_pod("default", "g0"), simapi.sim.get_pod("default", "g1")
+    assert g0["spec"]["nodeName"] == "n0" and g0["metadata"]["annotations"]["shardsched.io/gpu-devices"] == "0,3"
+    assert "shardsched.io/gpu-devices" not in (g1["metadata"].get("annotations") or {})
+
+
 def _count_connections(monkeypatch) -> list[int]:
     """Count the TCP connections the HTTP peer accepts from now on (one handler per connection)."""
     from shardsched.testing import simapi as simapi_module

@@ -22,8 +22,11 @@ What a pod asks (`device_request`), from its effective requests:
   needs ``m`` free: a share never straddles devices); m a multiple of 1000 is m / 1000 whole devices.
 
 The aggregate resources stay true sums (a pod's ``gpu-milli`` is its total over its devices), so
-NodeResourcesFit and the Redis ledger keep checking them per node as a necessary condition; the
-devices are checked by the GPUDevice plugin and recorded in `DEVICES_ANNOTATION` at bind.
+NodeResourcesFit keeps checking them per node as a necessary condition; the devices are checked by
+the GPUDevice plugin and recorded in `DEVICES_ANNOTATION` at bind. The Redis ledger checks both:
+each device is one more resource of the node, `device_resource` (``shardsched.io/gpu-device-3``,
+1000 allocatable per device, `ledger_allocatable`), and a pod's reservation and usage carry the
+thousandths it takes of each of its devices (`ledger_requests`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 DEVICES_ANNOTATION = "shardsched.io/gpu-devices"
 #: one whole device, in thousandths
 MILLI = 1000
+#: the ledger's name of device ``i`` of a node is this prefix and ``i`` (`device_resource`)
+DEVICE_RESOURCE_PREFIX = "shardsched.io/gpu-device-"
 _INITIAL_WIDTH = 8
 
 
@@ -97,6 +102,39 @@ def node_devices(allocatable: Mapping[str, int], labels: Mapping[str, str]) -> t
     except ValueError:
         memory = 0
     return count, model, max(memory, 0)
+
+
+def device_resource(index: int) -> str:
+    """The ledger's resource name of a node's device ``index``."""
+    return f"{DEVICE_RESOURCE_PREFIX}{int(index)}"
+
+
+def is_device_resource(name: str) -> bool:
+    return name.startswith(DEVICE_RESOURCE_PREFIX)
+
+
+def ledger_allocatable(allocatable: Mapping[str, int]) -> Mapping[str, int]:
+    """A node's allocatable as the ledger counts it: plus 1000 thousandths of each of its devices
+    (`device_resource`); the same mapping when the node has no GPU."""
+    count = int(allocatable.get(GPU_RESOURCE, 0)) or int(allocatable.get(GPU_MILLI_RESOURCE, 0)) // MILLI
+    if count <= 0:
+        return allocatable
+    return {**allocatable, **{device_resource(i): MILLI for i in range(count)}}
+
+
+def ledger_requests(requests: Mapping[str, int], devices: Sequence[int]) -> Mapping[str, int]:
+    """A pod's requests as the ledger counts them on its node: plus the thousandths it takes of
+    each of ``devices`` (its share, or 1000 per whole device); the same mapping without devices
+    or for a request that is not a valid device request."""
+    if not devices:
+        return requests
+    try:
+        req = device_request(requests)
+    except ValueError:
+        return requests
+    if req is None:
+        return requests
+    return {**requests, **{device_resource(i): req.milli for i in devices}}
 
 
 def parse_devices(value: str | None) -> tuple[int, ...]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from shardsched.cluster.errors import ApiError, Conflict, NotFound, ServerError, Timeout
 
@@ -17,12 +17,15 @@ BOUND, NOT_FOUND, CONFLICT, NOT_APPLIED, MAYBE_APPLIED = 201, 404, 409, 500, 504
 class Binding(NamedTuple):
     """One bind request for ``bind_many``; a plain ``(namespace, name, node_name)`` or
     ``(namespace, name, node_name, uid)`` tuple works the same. ``uid``, when set, must be the
-    current pod's uid (a precondition, as ``Binding.metadata.uid``)."""
+    current pod's uid (a precondition, as ``Binding.metadata.uid``). ``annotations`` are set on the
+    pod with the binding (``Binding.metadata.annotations``, which the API server copies onto the
+    pod in the same update that sets ``spec.nodeName``): the GPU devices chosen for it."""
 
     namespace: str
     name: str
     node_name: str
     uid: str | None = None
+    annotations: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

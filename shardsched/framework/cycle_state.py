@@ -27,3 +27,8 @@ FEASIBLE_NODES_KEY = "feasibleNodes"
 #: by Bind plugins; a Reserve plugin's Unreserve keeps what must stay counted for them until the
 #: cluster tells (`shardsched.framework.interface.BindPlugin`)
 BIND_OUTCOME_UNKNOWN_KEY = "bindOutcomeUnknown"
+
+#: key of uid -> the GPU devices chosen for the pod on its node (indices in the node's order), for
+#: the pods of the cycle that take any; written before Reserve by whoever assumed them (the shard),
+#: read by DefaultBinder, which records them on the pod at bind
+DEVICES_KEY = "gpuDevices"

@@ -393,8 +393,10 @@ class KubeCluster:
         raising for an item (codes in the module docstring).
 
         Args:
-            bindings: (namespace, name, node) or (namespace, name, node, uid); the uid is sent as
-                the Binding's ``metadata.uid`` precondition (a re-created pod answers 409).
+            bindings: (namespace, name, node), (namespace, name, node, uid) or (namespace, name,
+                node, uid, annotations); the uid is sent as the Binding's ``metadata.uid``
+                precondition (a re-created pod answers 409), the annotations as its
+                ``metadata.annotations``, which the API server sets on the pod.
         """
         if not bindings:
             return []
@@ -413,9 +415,13 @@ class KubeCluster:
         return list(await asyncio.gather(*(self._bind_one(api, slots, *b) for b in bindings)))
 
     async def _bind_one(self, api: AioApi, slots: asyncio.Semaphore, namespace: str, name: str, node: str,
-                        uid: str | None = None) -> BindResult:
+                        uid: str | None = None, annotations: Mapping[str, str] | None = None) -> BindResult:
         resource = f"pods/binding ({namespace}/{name} -> {node})"
         meta = {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})}
+        if annotations:
+            # set on the pod by the API server in the update that binds it (BindingREST's
+            # assignPod): atomic with the binding, one request, no pods/patch permission
+            meta["annotations"] = dict(annotations)
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         # A request of the client's generic call path, not the typed `create_namespaced_pod_binding`:

@@ -4,7 +4,8 @@ to the pod.
 
 The shard's plugins come first at each point, then the profile's:
 
-- Reserve (`LedgerPlugin.reserve`, one Lua call for the batch): the second resource check, fenced
+- Reserve (`LedgerPlugin.reserve`, one Lua call for the batch): the second resource check (the
+  node's sums and each GPU device the cycle chose, `shardsched.cache.devices.ledger_requests`), fenced
   by the pod's lease token and the shard map's epoch (`Ledger.reserve`); Unreserve releases it.
 - Permit (`LedgerPlugin.permit`, one Lua call): right before binding, the leases are still this
   shard's and its nodes still its own at the current epoch (`Ledger.permit`); the API server cannot
@@ -39,11 +40,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from shardsched.api.objects import PodInfo
+from shardsched.cache.devices import is_device_resource
 from shardsched.cache.node_table import PodUsage
 from shardsched.cluster import CONFLICT, NOT_FOUND, WriteGate
 from shardsched.errors import TemporaryError, ThrottledLog
 from shardsched.framework.binding_cycle import BIND, PERMIT, BindingCycle, Failure
-from shardsched.framework.cycle_state import BIND_OUTCOME_UNKNOWN_KEY, CycleState
+from shardsched.framework.cycle_state import BIND_OUTCOME_UNKNOWN_KEY, DEVICES_KEY, CycleState
 from shardsched.framework.interface import ALLOW, PermitPlugin, PostBindPlugin, ReservePlugin
 from shardsched.framework.status import Status
 from shardsched.metrics import ERROR, SCHEDULED
@@ -99,7 +101,14 @@ class LedgerPlugin(ReservePlugin, PermitPlugin, PostBindPlugin):
     def reserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
         s = self.shard
         tokens = state.read(LEASES_KEY)
-        items = [ReserveItem(p.uid, n, tokens[p.uid], p.requests, p.priority) for p, n in zip(pods, nodes)]
+        # the devices the scheduling cycle assumed: reserved per device here, recorded at bind
+        devices = state.setdefault(DEVICES_KEY, {})
+        items = []
+        for p, n in zip(pods, nodes):
+            held = s.table.devices_of(p.uid)
+            if held:
+                devices[p.uid] = held
+            items.append(ReserveItem(p.uid, n, tokens[p.uid], p.requests, p.priority, held))
         t0 = time.perf_counter()
         results = s.ledger.reserve(s.member, s.epoch, items, s.options.reservation_ttl_ms)
         s.metrics.ledger_calls.labels("reserve").observe(time.perf_counter() - t0)
@@ -391,6 +400,8 @@ class ShardBinding:
             s._drop_shadow(node)
             missing = {}
             for res in set(usage.used) | set(usage.reserved):
+                if is_device_resource(res):  # the shadow stands for sums; devices come with the watch's pods
+                    continue
                 counted = usage.used.get(res, 0) + usage.reserved.get(res, 0)
                 have = int(s.table.requested[s.table.resource_row(res), slot])
                 if counted > have:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 
@@ -77,8 +77,8 @@ class SimClusterHost(SimCluster):
             if unschedulable(pod):
                 self._unschedulable += sign
 
-    def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:
-        status = super()._apply_bind(key, pod, node_name)
+    def _apply_bind(self, key: str, pod: dict, node_name: str, annotations: Mapping[str, str] | None = None) -> dict:
+        status = super()._apply_bind(key, pod, node_name, annotations)
         now = time.time()
         self._bound_at.append(now)
         created = (pod["metadata"].get("annotations") or {}).get(CREATED_AT_ANNOTATION)

@@ -76,6 +76,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from shardsched.api.objects import (DEFAULT_GRACE_PERIOD_S, TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo,
                                     as_dict, disruption_target_condition)
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+from shardsched.cache.devices import DEVICES_ANNOTATION, MILLI, device_request, parse_devices
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.podgroup import API_VERSION as PODGROUP_API_VERSION, PodGroup, group_key_of, group_status
 from shardsched.api.validation import labels_problems, name_problem, pod_problems, validate_name
@@ -470,6 +471,9 @@ class SimCluster:
                 than allocatable of some resource (empty unless `update_node` shrank allocatable
                 under its pods, or pods were created bound to a node before the node existed);
             admission_rejections: pods the kubelet-like admission failed (overcommit attempts);
+            overcommitted_devices: sorted ``node/device`` of the GPU devices whose non-terminal
+                bound pods take more than 1000 thousandths, by the devices of their
+                `DEVICES_ANNOTATION` (pods without it are not counted here);
             double_binds: successful binds of a pod uid already bound (0 by the API's semantics;
                 counted from the bind ledger as a self-check);
             bind_conflicts: 409s served on bind (real and injected);
@@ -484,13 +488,33 @@ class SimCluster:
                 if any(v > alloc.get(r, 0) for r, v in self._requested.get(name, {}).items())
             )
             unbound = sorted(k for k, p in self._pods.items() if not p["spec"].get("nodeName"))
+            devices = self._overcommitted_devices()
             return {
                 "overcommitted_nodes": over,
+                "overcommitted_devices": devices,
                 **self._stats,
                 "pods_bound": len(self._pods) - len(unbound),
                 "pods_unbound": unbound,
                 "injected_faults": dict(self._injected),
             }
+
+    def _overcommitted_devices(self) -> list[str]:
+        use: dict[tuple[str, int], int] = {}
+        for key, pod in self._pods.items():
+            node = pod["spec"].get("nodeName")
+            annotations = pod["metadata"].get("annotations")
+            if not node or not annotations or DEVICES_ANNOTATION not in annotations \
+                    or pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+                continue
+            try:
+                req = device_request(self._requests[key])
+            except ValueError:
+                continue
+            if req is None:
+                continue
+            for i in parse_devices(annotations[DEVICES_ANNOTATION]):
+                use[node, i] = use.get((node, i), 0) + req.milli
+        return sorted(f"{node}/{i}" for (node, i), milli in use.items() if milli > MILLI)
 
     # ---------------------------------------------------------------------------------- writes
 
@@ -1008,7 +1032,8 @@ class SimCluster:
                     self._delete_pod(key)
             return last
 
-    def bind(self, namespace: str, name: str, node_name: str, uid: str | None = None) -> BindResult:
+    def bind(self, namespace: str, name: str, node_name: str, uid: str | None = None,
+             annotations: Mapping[str, str] | None = None) -> BindResult:
         """Bind one pod (the ``pods/binding`` subresource); see `bind_many` for the rules.
 
         Returns:
@@ -1017,7 +1042,7 @@ class SimCluster:
         Raises:
             NotFound, Conflict, ServerError, Timeout: the result's `BindResult.error`.
         """
-        result = self.bind_many([Binding(namespace, name, node_name, uid)])[0]
+        result = self.bind_many([Binding(namespace, name, node_name, uid, annotations)])[0]
         error = result.error()
         if error is not None:
             raise error
@@ -1494,7 +1519,8 @@ class SimCluster:
             x -= rate
         return 0
 
-    def _bind_one(self, namespace: str, name: str, node_name: str, uid: str | None = None) -> BindResult:
+    def _bind_one(self, namespace: str, name: str, node_name: str, uid: str | None = None,
+                  annotations: Mapping[str, str] | None = None) -> BindResult:
         fault = self._draw_fault()
         if fault == 500:
             self._injected["server_errors"] += 1
@@ -1518,26 +1544,30 @@ class SimCluster:
             self._injected["timeouts"] += 1
             if self._rng.random() < self._faults.timeout_applied_fraction and error is None:
                 self._injected["timeouts_applied"] += 1
-                self._apply_bind(key, pod, node_name)
+                self._apply_bind(key, pod, node_name, annotations)
             return BindResult(namespace, name, node_name, 504, Timeout.reason,
                               "the server was unable to return a response in the time allotted")
         if error is not None:
             if error[0] == 409:
                 self._stats["bind_conflicts"] += 1
             return BindResult(namespace, name, node_name, *error)
-        status = self._apply_bind(key, pod, node_name)
+        status = self._apply_bind(key, pod, node_name, annotations)
         return BindResult(namespace, name, node_name, BOUND, status.get("reason", ""), status.get("message", ""),
                           status["phase"])
 
-    def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:
-        """Write the binding and the admission outcome; returns the pod's new status."""
+    def _apply_bind(self, key: str, pod: dict, node_name: str, annotations: Mapping[str, str] | None = None) -> dict:
+        """Write the binding, the binding's annotations (set on the pod, as the API server does)
+        and the admission outcome; returns the pod's new status."""
         uid = pod["metadata"]["uid"]
         if uid in self._bound_uids:
             self._stats["double_binds"] += 1
         self._bound_uids.add(uid)
         self._stats["binds"] += 1
         status = self._admit(node_name, self._requests[key], pod.get("status", {}), _now())
-        new = {**pod, "metadata": {**pod["metadata"]}, "spec": {**pod["spec"], "nodeName": node_name}, "status": status}
+        meta = {**pod["metadata"]}
+        if annotations:
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        new = {**pod, "metadata": meta, "spec": {**pod["spec"], "nodeName": node_name}, "status": status}
         self._pods[key] = self._commit(MODIFIED, POD, new)
         self._on_node.setdefault(node_name, set()).add(key)
         return status

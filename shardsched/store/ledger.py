@@ -66,6 +66,7 @@ import redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, TryAgainError
 
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
+from shardsched.cache.devices import ledger_allocatable, ledger_requests
 from shardsched.errors import FencedOffError, PermanentError, TemporaryError
 
 #: Largest amount the scripts handle exactly (Lua numbers are IEEE doubles).
@@ -129,10 +130,13 @@ class ReservationRef:
 class ReserveItem(ReservationRef):
     """A pod to reserve on ``node`` with lease ``token``; ``requests`` in canonical units
     (``pods: 1`` is always counted, whatever the mapping says); ``priority`` decides which
-    nominations on the node count against it (those of equal or higher priority)."""
+    nominations on the node count against it (those of equal or higher priority); ``devices``
+    the indices of the GPU devices chosen on the node, each checked and reserved for the pod's
+    share of it (`shardsched.cache.devices.ledger_requests`)."""
 
     requests: Mapping[str, int]
     priority: int = 0
+    devices: tuple[int, ...] = ()
 
 
 class GangCode(IntEnum):
@@ -218,11 +222,13 @@ class ReserveResult:
 
 @dataclass(frozen=True, slots=True)
 class BoundPod:
-    """A pod the cluster shows bound to ``node``; ``requests`` in canonical units."""
+    """A pod the cluster shows bound to ``node``; ``requests`` in canonical units; ``devices`` the
+    GPU devices it holds there (counted as in `ReserveItem`)."""
 
     uid: str
     node: str
     requests: Mapping[str, int]
+    devices: tuple[int, ...] = ()
 
 
 class NodeUsage(NamedTuple):
@@ -376,7 +382,7 @@ class Ledger:
         nodes = list(nodes)
         if not nodes:
             return 0
-        args = [x for n in nodes for x in (n.name, n.owner or "", _encode_resources(n.allocatable, pod=False))]
+        args = [x for n in nodes for x in (n.name, n.owner or "", _encode_resources(ledger_allocatable(n.allocatable), pod=False))]
         keys = [f"{self.prefix}owners"] + [f"{self.prefix}node:{n.name}" for n in nodes]
         return int(self._scripts["node_upsert"](keys=keys, args=args))
 
@@ -505,8 +511,8 @@ class Ledger:
         index = {n: j for j, n in enumerate(nodes, 1)}
         keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(it.uid) for it in items]
         keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
-        pods = [[it.uid, index[it.node], str(int(it.token)), _encode_resources(it.requests, pod=True), int(it.priority)]
-                for it in items]
+        pods = [[it.uid, index[it.node], str(int(it.token)),
+                 _encode_resources(ledger_requests(it.requests, it.devices), pod=True), int(it.priority)] for it in items]
         flat = json.loads(self._scripts["reserve"](keys=keys, args=[shard, int(epoch), ttl_ms, _json([nodes, pods])]))
         return [ReserveResult(it.uid, it.node, ReserveCode(flat[2 * i]), flat[2 * i + 1]) for i, it in enumerate(items)]
 
@@ -697,7 +703,7 @@ class Ledger:
             nodes = list(dict.fromkeys([p.node for p in pending] + [elsewhere[p.uid] for p in pending
                                                                     if p.uid in elsewhere]))
             index = {n: j for j, n in enumerate(nodes, 1)}
-            batch = [[p.uid, index[p.node], _encode_resources(p.requests, pod=True),
+            batch = [[p.uid, index[p.node], _encode_resources(ledger_requests(p.requests, p.devices), pod=True),
                       index[elsewhere[p.uid]] if p.uid in elsewhere else 0] for p in pending]
             keys = [self._pod_key(p.uid) for p in pending] + self._node_keys(nodes)
             flat = json.loads(self._scripts["observe"](keys=keys, args=[_json([nodes, batch])]))
@@ -730,15 +736,18 @@ class Ledger:
 
     @_translate_errors
     def reconcile(self, node: str, allocatable: Mapping[str, int],
-                  bound_pods: Mapping[str, Mapping[str, int]]) -> ReconcileResult:
+                  bound_pods: Mapping[str, Mapping[str, int]],
+                  bound_devices: Mapping[str, Sequence[int]] | None = None) -> ReconcileResult:
         """Rebuild one node's ledger from the cluster's truth: its allocatable and the pods bound
-        to it (uid -> requests). Usage becomes exactly those pods; their reservations and expired
-        ones are dropped; live reservations of other pods are kept and the reserved counters are
-        recomputed from them. The node becomes known; its owner is unchanged. Idempotent.
+        to it (uid -> requests; ``bound_devices`` uid -> the GPU devices a pod holds). Usage
+        becomes exactly those pods; their reservations and expired ones are dropped; live
+        reservations of other pods are kept and the reserved counters are recomputed from them.
+        The node becomes known; its owner is unchanged. Idempotent.
         """
-        args = [_encode_resources(allocatable, pod=False)]
+        devices = bound_devices or {}
+        args = [_encode_resources(ledger_allocatable(allocatable), pod=False)]
         for uid, requests in bound_pods.items():
-            args += [uid, _encode_resources(requests, pod=True)]
+            args += [uid, _encode_resources(ledger_requests(requests, tuple(devices.get(uid, ()))), pod=True)]
         drift, n_bound, n_reserved = self._scripts["reconcile"](keys=self._node_keys([node]), args=args)
         return ReconcileResult(bool(int(drift)), int(n_bound), int(n_reserved))
 

@@ -593,7 +593,9 @@ class SimApiServer:
         meta = body.get("metadata") or {}
         target = (body.get("target") or {}).get("name") or ""
         t0 = time.perf_counter()
-        result = self.sim.bind_many([(ns, name or meta.get("name"), target, meta.get("uid") or None)])[0]
+        # the Binding's annotations are set on the pod with the binding, as kube-apiserver's assignPod
+        result = self.sim.bind_many([(ns, name or meta.get("name"), target, meta.get("uid") or None,
+                                      meta.get("annotations") or None)])[0]
         self._bind_seconds.labels("POST", "pods", "binding").observe(time.perf_counter() - t0)
         if result.ok:
             return h.reply(201, status_body(201, "", ""))

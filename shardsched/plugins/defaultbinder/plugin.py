@@ -1,5 +1,7 @@
 """DefaultBinder: binds through the cluster client of the framework's `Handle` (``pods/binding``
-on a real API server), as kube's DefaultBinder: one ``bind_many`` call for the batch.
+on a real API server), as kube's DefaultBinder: one ``bind_many`` call for the batch. A pod that
+takes GPU devices has them in the Binding's ``metadata.annotations`` (`DEVICES_ANNOTATION`,
+``"0,3"``), which the API server sets on the pod in the update that binds it (docs/gpu.md).
 
 Per pod: 201 is Success; any other answer is an Error whose message is ``"<code> <message>"``,
 and its ``(code, message)`` is kept in ``state[RESULTS_KEY]`` (uid -> pair) for the caller to tell
@@ -14,7 +16,8 @@ from typing import Sequence
 
 from shardsched.api.objects import PodInfo
 from shardsched.errors import TemporaryError
-from shardsched.framework.cycle_state import BIND_OUTCOME_UNKNOWN_KEY, CycleState
+from shardsched.cache.devices import DEVICES_ANNOTATION, format_devices
+from shardsched.framework.cycle_state import BIND_OUTCOME_UNKNOWN_KEY, DEVICES_KEY, CycleState
 from shardsched.framework.interface import BindPlugin, Handle
 from shardsched.framework.status import Status
 
@@ -40,7 +43,7 @@ class DefaultBinder(BindPlugin):
             st = Status.error("no cluster to bind to", plugin=NAME)
             return [st] * len(pods)
         try:
-            results = client.bind_many([(p.namespace, p.name, n, p.uid) for p, n in zip(pods, nodes)])
+            results = client.bind_many(self._bindings(state, pods, nodes))
         except TemporaryError as e:
             return self._no_answer(pods, str(e), failed, unknown)
         except Exception as e:  # noqa: BLE001 - a broken connection to the cluster must not lose pods
@@ -55,6 +58,20 @@ class DefaultBinder(BindPlugin):
             if r.code == NO_ANSWER:
                 unknown.add(p.uid)
             out.append(Status.error(f"{r.code} {r.message}", plugin=NAME))
+        return out
+
+    def _bindings(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[tuple]:
+        """One request per pod; a pod given GPU devices (``state[DEVICES_KEY]``, else the table's)
+        carries them in the Binding's annotations, `DEVICES_ANNOTATION`."""
+        chosen = state.get(DEVICES_KEY) or {}
+        table = self.handle.table
+        out = []
+        for p, n in zip(pods, nodes):
+            devices = chosen.get(p.uid) or (table.devices_of(p.uid) if table is not None else ())
+            if devices:
+                out.append((p.namespace, p.name, n, p.uid, {DEVICES_ANNOTATION: format_devices(devices)}))
+            else:
+                out.append((p.namespace, p.name, n, p.uid))
         return out
 
     @staticmethod

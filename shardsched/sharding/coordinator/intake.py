@@ -308,7 +308,7 @@ class Intake:
                 if state.bound_on.get(uid) == node:
                     resized = self._resized(uid, node, obj) if typ == "MODIFIED" else None
                     if resized is not None:
-                        observe.append(BoundPod(uid, node, _ledger_amounts(resized.requests, obj)))
+                        observe.append(BoundPod(uid, node, _ledger_amounts(resized.requests, obj), state.table.devices_of(uid)))
                         if node in state.owners:
                             adds[state.owners[node]].append((resized, node))
                     continue
@@ -325,7 +325,8 @@ class Intake:
                 state.bound_on[uid] = node
                 usage = PodUsage.of(pod)
                 state.table.add_pod(usage, node)
-                observe.append(BoundPod(uid, node, pod.requests))
+                # the devices of its annotation, else the table's best fit (as the shards count it)
+                observe.append(BoundPod(uid, node, pod.requests, state.table.devices_of(uid)))
                 if node in state.owners:
                     adds[state.owners[node]].append((usage, node))
                 if t is not None:

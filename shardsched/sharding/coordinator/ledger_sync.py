@@ -118,8 +118,10 @@ class LedgerSync:
         state = self.state
         drift = 0
         for name, slot in list(state.table.index.items()):
-            bound = {usage.uid: usage.requests for usage in state.bound_usages(slot)}
-            drift += state.ledger.reconcile(name, state.table.allocatable_of(name), bound).drift
+            usages = list(state.bound_usages(slot))
+            bound = {usage.uid: usage.requests for usage in usages}
+            devices = {usage.uid: usage.devices for usage in usages if usage.devices}
+            drift += state.ledger.reconcile(name, state.table.allocatable_of(name), bound, devices).drift
         state.next_epoch()
         state.ledger.set_owners({n: state.shards[o].member for n, o in state.owners.items()}, state.epoch)
         for s in state.shards:
