@@ -74,8 +74,8 @@ class AuditedSimCluster(SimClusterHost):
         self._tls.fences = {}
         return super().bind_many([tuple(b) for b in bindings])
 
-    def _apply_bind(self, key: str, pod: dict, node_name: str) -> dict:
-        status = super()._apply_bind(key, pod, node_name)
+    def _apply_bind(self, key: str, pod: dict, node_name: str, annotations=None) -> dict:
+        status = super()._apply_bind(key, pod, node_name, annotations)
         binder = getattr(self._tls, "binder", SCHEDULER)
         fence = (getattr(self._tls, "fences", None) or {}).get(key, "") if binder == SCHEDULER else ""
         self._verdicts[fence or binder] += 1
