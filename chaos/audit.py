@@ -18,7 +18,7 @@ fencing when it is applied, and every applied bind and admission rejection is lo
   throughput, per-pod bind times, overcommit attempts and stale binds.
 
 Plus the chaos controls that must run inside the cluster: changing the bind faults, and deleting
-pods or nodes in bulk.
+pods or nodes in bulk. The runner calls it through `ChaosClusterClient`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections import Counter
 from typing import Any
 
 from shardsched.errors import ShardschedError
+from shardsched.sharding.calls import Reply, SimClusterClient
 from shardsched.sharding.sim_actor import SimClusterHost
 from shardsched.sim import SCHEDULER_NAME, FaultConfig
 from shardsched.store.ledger import Ledger
@@ -207,3 +208,47 @@ class AuditedSimCluster(SimClusterHost):
         for name in names:
             self.delete_node(name, delete_pods=True)
         return names
+
+
+class ChaosClusterClient(SimClusterClient):
+    """`SimClusterClient` of an `AuditedSimCluster` actor, with its audit and chaos calls (each
+    named by the class's own method, as `shardsched.sharding.calls` names a call)."""
+
+    def create_replica_set(self, obj: Any) -> Reply[dict]:
+        return self.channel.send(AuditedSimCluster.create_replica_set, obj)
+
+    def audit(self) -> Reply[dict[str, Any]]:
+        return self.channel.send(AuditedSimCluster.audit)
+
+    def chaos_progress(self) -> Reply[dict[str, int]]:
+        return self.channel.send(AuditedSimCluster.chaos_progress)
+
+    def unbound_keys(self) -> Reply[list[str]]:
+        return self.channel.send(AuditedSimCluster.unbound_keys)
+
+    def preemptions(self) -> Reply[dict[str, Any]]:
+        return self.channel.send(AuditedSimCluster.preemptions)
+
+    def requested_all(self) -> Reply[dict[str, dict[str, int]]]:
+        return self.channel.send(AuditedSimCluster.requested_all)
+
+    def node_names(self) -> Reply[list[str]]:
+        return self.channel.send(AuditedSimCluster.node_names)
+
+    def bound_per_label(self, key: str) -> Reply[dict[str, int]]:
+        return self.channel.send(AuditedSimCluster.bound_per_label, key)
+
+    def bound_per_pod_label(self, key: str) -> Reply[dict[str, int]]:
+        return self.channel.send(AuditedSimCluster.bound_per_pod_label, key)
+
+    def set_faults(self, faults: FaultConfig) -> Reply[None]:
+        return self.channel.send(AuditedSimCluster.set_faults, faults)
+
+    def faults(self) -> Reply[FaultConfig]:
+        return self.channel.send(AuditedSimCluster.faults)
+
+    def delete_random_pods(self, count: int, state: str) -> Reply[list[str]]:
+        return self.channel.send(AuditedSimCluster.delete_random_pods, count, state)
+
+    def delete_random_nodes(self, count: int) -> Reply[list[str]]:
+        return self.channel.send(AuditedSimCluster.delete_random_nodes, count)

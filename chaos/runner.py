@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import ray
 
-from chaos.audit import AuditedSimCluster
+from chaos.audit import AuditedSimCluster, ChaosClusterClient
 from chaos.proxy import FaultProxy, measure_ping_s
 from chaos.rival import Rival
 from chaos.scenario import REPLICA_SET_APP, Scenario
@@ -41,6 +41,8 @@ from shardsched.config import load_config
 from shardsched.errors import ShardschedError
 from shardsched.sharding.actors import MAX_CONCURRENCY
 from shardsched.sharding.binding_cycle import CREATED_AT_ANNOTATION
+from shardsched.sharding.calls import ShardHostClient
+from shardsched.sharding.remote import channel
 from shardsched.sharding.embedded import EmbeddedRun
 from shardsched.sharding.run_control import RunOptions
 from shardsched.sharding.run_report import RunReport
@@ -144,7 +146,7 @@ class ChaosRun(EmbeddedRun):
         self.kills: list[KillRecord] = []
         self.rivals: list[Rival] = []
         self.shard_counters: dict[str, dict] = {}  # member -> last snapshot and metric samples
-        self._handles: dict[str, Any] = {}  # actor id -> every shard actor seen, zombies included
+        self._handles: dict[str, ShardHostClient] = {}  # actor id -> every shard actor seen, zombies included
         self._last_status: dict[str, Any] = {}
         #: counters of dead coordinators (a new one starts from 0)
         self.carried = {"replaced_shards": 0, "requeues": 0}
@@ -187,8 +189,9 @@ class ChaosRun(EmbeddedRun):
             template = uniform_pods(1, cpu=rs.cpu, memory=rs.memory, scheduler_name=SCHEDULER_NAME)[0]
             template["metadata"] = {"labels": {"app": f"{REPLICA_SET_APP}-{i}"}}
             template["spec"].update(priority=rs.priority, terminationGracePeriodSeconds=rs.termination_grace_period_s)
-            ray.get(self.cluster.create_replica_set.remote(
-                {"metadata": {"name": f"{REPLICA_SET_APP}-{i}"}, "spec": {"replicas": rs.replicas, "template": template}}))
+            self.cluster.create_replica_set(
+                {"metadata": {"name": f"{REPLICA_SET_APP}-{i}"}, "spec": {"replicas": rs.replicas, "template": template}}
+            ).wait(None)
 
     def _stop(self) -> None:
         for rival in self.rivals:
@@ -201,9 +204,10 @@ class ChaosRun(EmbeddedRun):
             if self.own_redis is not None:
                 self.own_redis.stop()
 
-    def _new_cluster(self) -> Any:
-        return ray.remote(AuditedSimCluster).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(
+    def _new_cluster(self) -> ChaosClusterClient:
+        actor = ray.remote(AuditedSimCluster).options(max_concurrency=MAX_CONCURRENCY, num_cpus=0).remote(
             self.direct_redis_url, self.prefix, seed=self.options.seed, faults=self.options.faults)
+        return ChaosClusterClient(channel(actor))
 
     def coordinator_status(self) -> dict:
         """As `EmbeddedRun.coordinator_status`; counters of a coordinator that died are carried over."""
@@ -223,7 +227,7 @@ class ChaosRun(EmbeddedRun):
         self.t0_wall = time.time() - (time.monotonic() - t0)
         size = self.scenario.workload.gang_size
         for g in range(self.scenario.workload.pods // size if size else 0):  # members created first wait for it
-            ray.get(self.cluster.create_pod_group.remote({"metadata": {"name": f"gang-{g}"}, "spec": {"minMember": size}}))
+            self.cluster.create_pod_group({"metadata": {"name": f"gang-{g}"}, "spec": {"minMember": size}}).wait(None)
         faults = threading.Thread(target=self._run_faults, args=(t0,), name="chaos-faults", daemon=True)
         faults.start()
         last_poll = 0.0
@@ -234,7 +238,7 @@ class ChaosRun(EmbeddedRun):
             # read before the counts: pods created or faults done after this read count next time
             busy = faults.is_alive() or feeder.is_alive() or any(not r.done for r in self.rivals)
             status = self.coordinator_status()
-            counts = ray.get(self.cluster.chaos_progress.remote())
+            counts = self.cluster.chaos_progress().wait(None)
             if time.monotonic() - last_poll >= SHARD_POLL_S:
                 self._poll_shards()
                 last_poll = time.monotonic()
@@ -270,20 +274,19 @@ class ChaosRun(EmbeddedRun):
         """Keep every shard's (and coordinator's) latest snapshot and metric samples: a killed one's
         last numbers stay."""
         try:
-            self.coordinator_samples[self.coordinator._actor_id.hex()] = ray.get(
-                self.coordinator.metric_samples.remote(), timeout=5)
-        except ray.exceptions.RayError:
+            self.coordinator_samples[self.coordinator.channel.actor_id] = self.coordinator.metric_samples().wait(5)
+        except ShardschedError:  # no answer (RemoteUnavailable), or it raised
             pass
         try:
-            for handle in ray.get(self.coordinator.shards.remote(), timeout=5):
-                self._handles.setdefault(handle._actor_id.hex(), handle)
-        except ray.exceptions.RayError:
+            for shard in self._shard_clients(5):
+                self._handles.setdefault(shard.channel.actor_id, shard)
+        except ShardschedError:
             pass
-        for key, handle in list(self._handles.items()):
+        for key, shard in list(self._handles.items()):
             try:
-                snap = ray.get(handle.snapshot.remote(), timeout=2)
-                samples = ray.get(handle.metric_samples.remote(), timeout=2)
-            except ray.exceptions.RayError:
+                snap = shard.snapshot().wait(2)
+                samples = shard.metric_samples().wait(2)
+            except ShardschedError:
                 continue
             self.shard_counters[snap["member"]] = {"snapshot": snap, "samples": samples}
 
@@ -303,13 +306,13 @@ class ChaosRun(EmbeddedRun):
             rival.join(10)
         super()._collect(report)
         self.final_status = self.coordinator_status()
-        self.tracked_keys = set(ray.get(self.coordinator.pending_keys.remote()))
-        self.unbound_keys = ray.get(self.cluster.unbound_keys.remote())
+        self.tracked_keys = set(self.coordinator.pending_keys().wait(None))
+        self.unbound_keys = self.cluster.unbound_keys().wait(None)
         self.ledger_check = self._check_ledger()
-        self.audit = ray.get(self.cluster.audit.remote())
-        self.preemptions = ray.get(self.cluster.preemptions.remote())
-        self.zone_counts = ray.get(self.cluster.bound_per_label.remote(ZONE_LABEL)) if self.scenario.cluster.zones else {}
-        self.gang_counts = (ray.get(self.cluster.bound_per_pod_label.remote(POD_GROUP_LABEL))
+        self.audit = self.cluster.audit().wait(None)
+        self.preemptions = self.cluster.preemptions().wait(None)
+        self.zone_counts = self.cluster.bound_per_label(ZONE_LABEL).wait(None) if self.scenario.cluster.zones else {}
+        self.gang_counts = (self.cluster.bound_per_pod_label(POD_GROUP_LABEL).wait(None)
                             if self.scenario.workload.gang_size else {})
 
     def _check_ledger(self) -> dict[str, Any]:
@@ -319,8 +322,8 @@ class ChaosRun(EmbeddedRun):
         ledger = Ledger(connect(self.direct_redis_url), self.prefix)
         deadline = time.monotonic() + self.scenario.shards.reservation_ttl_s + 5.0
         while True:
-            nodes = ray.get(self.cluster.node_names.remote())
-            truth = ray.get(self.cluster.requested_all.remote())
+            nodes = self.cluster.node_names().wait(None)
+            truth = self.cluster.requested_all().wait(None)
             try:
                 ledger.sweep(nodes)
                 drift = {}
@@ -379,24 +382,24 @@ class ChaosRun(EmbeddedRun):
             seq += 1
             heapq.heappush(events, (at + for_s, seq, finish, None, 0))
 
-    def _shard(self, index: int) -> Any:
-        shards = ray.get(self.coordinator.shards.remote(), timeout=10)
+    def _shard(self, index: int) -> ShardHostClient:
+        shards = self._shard_clients(10)
         return shards[index % len(shards)]
 
     def _fault_kill_shard(self, args, k: int, record: FaultRecord):
-        shards = ray.get(self.coordinator.shards.remote(), timeout=10)
+        shards = self._shard_clients(10)
         index = (args.index if args.index is not None else k) % len(shards)
-        handle = shards[index]
-        keys = ray.get(handle.pending_keys.remote(), timeout=5)
-        member = ray.get(handle.ping.remote(), timeout=5)
-        pid = ray.get(handle.pid.remote(), timeout=5)
-        self._handles.setdefault(handle._actor_id.hex(), handle)
+        shard = shards[index]
+        keys = shard.pending_keys().wait(5)
+        member = shard.ping().wait(5)
+        pid = shard.pid().wait(5)
+        self._handles.setdefault(shard.channel.actor_id, shard)
         os.kill(pid, signal.SIGKILL)
         record.details = {"index": index, "member": member, "pods_held": len(keys)}
         self.kills.append(KillRecord(index, member, record.start, keys))
 
     def _fault_kill_coordinator(self, args, k: int, record: FaultRecord):
-        pid = ray.get(self.coordinator.pid.remote(), timeout=10)
+        pid = self.coordinator.pid().wait(10)
         os.kill(pid, signal.SIGKILL)
         record.details = {"pid": pid}
 
@@ -445,49 +448,49 @@ class ChaosRun(EmbeddedRun):
 
     def _fault_replace_shard(self, args, k: int, record: FaultRecord):
         old = self._shard(args.index)
-        self._handles.setdefault(old._actor_id.hex(), old)
-        old_member = ray.get(old.ping.remote(), timeout=5)
-        member = ray.get(self.coordinator.replace_shard.remote(args.index), timeout=30)
+        self._handles.setdefault(old.channel.actor_id, old)
+        old_member = old.ping().wait(5)
+        member = self.coordinator.replace_shard(args.index).wait(30)
         record.details = {"index": args.index, "stale_owner": old_member, "new_owner": member}
 
     def _fault_freeze_shard(self, args, k: int, record: FaultRecord):
-        handle = self._shard(args.index)
-        self._handles.setdefault(handle._actor_id.hex(), handle)
-        member = ray.get(handle.ping.remote(), timeout=5)
-        pid = ray.get(handle.pid.remote(), timeout=5)
+        shard = self._shard(args.index)
+        self._handles.setdefault(shard.channel.actor_id, shard)
+        member = shard.ping().wait(5)
+        pid = shard.pid().wait(5)
         os.kill(pid, signal.SIGSTOP)
         record.details = {"index": args.index, "member": member}
         return args.for_s, lambda: os.kill(pid, signal.SIGCONT)
 
     def _fault_bind_faults(self, args, k: int, record: FaultRecord):
-        before = ray.get(self.cluster.faults.remote())
-        ray.get(self.cluster.set_faults.remote(args.fault_config()))
+        before = self.cluster.faults().wait(None)
+        self.cluster.set_faults(args.fault_config()).wait(None)
         record.details = args.model_dump(exclude={"for_s"})
         if args.for_s is not None:
-            return args.for_s, lambda: ray.get(self.cluster.set_faults.remote(before))
+            return args.for_s, lambda: self.cluster.set_faults(before).wait(None)
         return None
 
     def _fault_delete_pods(self, args, k: int, record: FaultRecord):
-        keys = ray.get(self.cluster.delete_random_pods.remote(args.count, args.state))
+        keys = self.cluster.delete_random_pods(args.count, args.state).wait(None)
         record.details = {"state": args.state, "deleted": len(keys)}
 
     def _fault_delete_nodes(self, args, k: int, record: FaultRecord):
-        names = ray.get(self.cluster.delete_random_nodes.remote(args.count))
+        names = self.cluster.delete_random_nodes(args.count).wait(None)
         record.details = {"deleted": len(names)}
 
     def _fault_add_nodes(self, args, k: int, record: FaultRecord):
         c = self.scenario.cluster
         nodes = uniform_nodes(args.count, cpu=c.cpu, memory=c.memory, pods=c.max_pods, prefix=f"node-add{k}-")
-        ray.get(self.cluster.create_nodes.remote(nodes))
+        self.cluster.create_nodes(nodes).wait(None)
         record.details = {"added": args.count}
 
     def _fault_rival(self, args, k: int, record: FaultRecord):
         c = self.scenario.cluster
-        names = sorted(ray.get(self.cluster.node_names.remote()))[: args.nodes]
+        names = sorted(self.cluster.node_names().wait(None))[: args.nodes]
         alloc = {"cpu": canonical_quantity("cpu", c.cpu), "memory": canonical_quantity("memory", c.memory),
                  "pods": c.max_pods}
         ledger = Ledger(connect(self.direct_redis_url), self.prefix)
-        rival = Rival(self.cluster, ledger, args, names, {n: alloc for n in names}, f"rival{len(self.rivals)}",
+        rival = Rival(self.cluster.channel.target, ledger, args, names, {n: alloc for n in names}, f"rival{len(self.rivals)}",
                       self.scenario.seed + 7 + k, int(self.scenario.shards.lease_ttl_s * 1000))
         self.rivals.append(rival.start())
         record.details = {"mode": args.mode, "pods": args.pods, "nodes": len(names)}

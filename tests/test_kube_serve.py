@@ -264,7 +264,7 @@ def test_the_leader_steps_down_when_its_coordinator_dies(api_server, kubeconfig,
     def coordinator() -> psutil.Process | None:
         for p in psutil.Process(s.proc.pid).children(recursive=True):
             try:
-                if "KubeCoordinatorHost" in " ".join(p.cmdline()):
+                if "BackendCoordinatorHost" in " ".join(p.cmdline()):
                     return p
             except psutil.Error:
                 continue

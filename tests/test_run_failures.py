@@ -17,6 +17,7 @@ import psutil
 
 from shardsched.cli.run import EXIT_DIED, exit_status
 from shardsched.config import load_config
+from shardsched.sharding.calls import ActorFailed
 from shardsched.sharding.sim_actor import sim_cluster_actor
 from shardsched.sharding.embedded import EmbeddedRun
 from shardsched.sharding.run_control import RunOptions
@@ -82,18 +83,14 @@ class _CoordinatorKilledAtStart(EmbeddedRun):
     last step of the start-up."""
 
     def _meter_shards(self) -> None:
-        import time
-
-        import ray
-
-        ray.kill(self.coordinator, no_restart=True)
+        self.coordinator.channel.terminate()  # ray.kill, no restart
         # ray.kill returns before the actor is gone: wait until a call sees it dead, so that the
         # start-up's own next call meets a dead coordinator (not one that dies later in the run)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                ray.get(self.coordinator.pid.remote(), timeout=5)
-            except ray.exceptions.RayActorError:
+                self.coordinator.pid().wait(5)
+            except ActorFailed:
                 break
             time.sleep(0.05)
         super()._meter_shards()

@@ -255,7 +255,7 @@ def test_a_killed_shard_is_replaced_and_its_pods_still_bound(redis_server, ray_s
     def kill_once(bound: int, total: int, status: dict) -> None:
         progress.append((time.monotonic(), bound))
         if not killed_at and bound > 0:
-            ray_session.get(holder["run"].coordinator.kill_shard.remote(0))
+            holder["run"].coordinator.kill_shard(0).wait(None)
             killed_at.append(time.monotonic())
 
     options = RunOptions(shards=2, redis_url=redis_server.url, timeout_s=60.0, time_scale=1.0,

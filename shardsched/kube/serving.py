@@ -2,8 +2,9 @@
 
 Two ways to run them, same classes as the embedded run:
 
-- ``ray`` (default): the coordinator and each shard are Ray actors (``shardsched.sharding.actors``,
-  the coordinator host extended here with the backend's health and metrics). Each process gets its
+- ``ray`` (default): the coordinator and each shard are Ray actors (``shardsched.sharding.actors``;
+  the coordinator's, `BackendCoordinatorHost`, with the backend's health and metrics), called
+  through `CoordinatorClient`; this module does not import Ray. Each process gets its
   own copy of the `KubeCluster` (it pickles as its connection settings): the coordinator's copy
   runs the informers and writes Events and conditions; each shard's copy binds, with 1/shards of
   the binding rate budget.
@@ -28,6 +29,7 @@ from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
 from shardsched.kube.client import ClientSpec
 from shardsched.kube.cluster import KubeCluster
+from shardsched.sharding.calls import ActorFailed, NoAnswer, ShardHostClient, wait_all
 from shardsched.sharding.scaling import RAY_NAMESPACE, AutoscalerOptions
 from shardsched.sharding.shard import ShardOptions
 from shardsched.store.server import EmbeddedRedis
@@ -109,7 +111,7 @@ class KubeRuntime:
         self.redis_url = options.redis_url
         self.prefix = options.prefix or f"ss:{uuid.uuid4().hex[:8]}:"
         self.cluster = cluster  # THREADS: the shared backend
-        self.coordinator: Any = None  # THREADS: Coordinator; RAY: actor handle
+        self.coordinator: Any = None  # THREADS: Coordinator; RAY: its CoordinatorClient
         self.shards: list[Any] = []
         self._threads: list[threading.Thread] = []
         self.started = False
@@ -177,35 +179,17 @@ class KubeRuntime:
         self._threads.append(t)
 
     def _start_ray(self) -> None:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from shardsched.sharding import rayaccess
+        from shardsched.sharding.actors import serve_coordinator_actor
 
-        from shardsched.sharding.actors import COORDINATOR_NAME, CoordinatorHost, named_actor
-
-        class KubeCoordinatorHost(CoordinatorHost):
-            """The coordinator actor, plus the Kubernetes backend's health and metrics."""
-
-            def cluster_health(self) -> dict:
-                return self.coordinator.state.cluster.channel.target.health()
-
-            def cluster_metrics(self) -> list:
-                return self.coordinator.state.cluster.channel.target.metric_samples()
-
-            def coordinator_metrics(self) -> list:
-                return self.coordinator.state.metrics.samples()
-
-            def stop_cluster(self, flush_timeout_s: float = 5.0) -> None:
-                self.coordinator.state.cluster.channel.target.stop(flush_timeout_s)
-
-        if not ray.is_initialized():
+        if not rayaccess.connected():
             # ray.init installs a SIGTERM handler that exits at once (status 15, no orderly stop);
             # the caller's own handler (serve's: stop, release the Lease, exit 0) is kept
             in_main = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
             try:
                 # serve's job in shardsched's namespace, where its named (and detached) actors live
-                ray.init(address=self.options.ray_address, namespace=RAY_NAMESPACE, include_dashboard=False,
-                         logging_level=logging.WARNING, configure_logging=False)
+                rayaccess.init(self.options.ray_address, RAY_NAMESPACE)
             except Exception as e:  # noqa: BLE001 - Ray raises many types; the message is what matters
                 raise ShardschedError(f"could not start or join Ray ({self.options.ray_address or 'local'}): {e}") from None
             finally:
@@ -215,20 +199,11 @@ class KubeRuntime:
             cluster = KubeCluster(self.spec, self.names, bind_share=1.0 / self.options.shards,
                                   watch_timeout_s=self.options.watch_timeout_s,
                                   pod_groups=self.config.enables("Coscheduling"))
-            # on this (the head's) node: it declares no CPU, so a worker hosting only it would look idle
-            # to Ray's autoscaler and be removed
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-            # named, so that `shardsched scale` finds it
-            self.coordinator = named_actor(ray.remote(KubeCoordinatorHost), COORDINATOR_NAME, num_cpus=0,
-                                           scheduling_strategy=here).remote(
+            self.coordinator = serve_coordinator_actor(
                 self.config, self.redis_url, self.prefix, cluster, self.options.shards, self.options.shard_options,
                 self.options.shard_num_cpus, autoscaler=self.options.autoscaler)
-        try:
-            ray.get(self.coordinator.start.remote())
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, ShardschedError):
-                raise e.cause from None
-            raise
+        # its own errors raise as they are, another as MethodFailed
+        self.coordinator.start().wait(None)
 
     # ------------------------------------------------------------------ inspection
     def status(self) -> dict:
@@ -238,9 +213,7 @@ class KubeRuntime:
         if self.options.mode == THREADS:
             health = self.cluster.health() if isinstance(self.cluster, KubeCluster) else {}
             return {**self.coordinator.status(), "cluster": health}
-        import ray
-
-        status, health = ray.get([self.coordinator.status.remote(), self.coordinator.cluster_health.remote()], timeout=10)
+        status, health = wait_all([self.coordinator.status(), self.coordinator.cluster_health()], 10)
         return {**status, "cluster": health}
 
     def coordinator_dead(self) -> str:
@@ -249,13 +222,11 @@ class KubeRuntime:
         this process and cannot die alone."""
         if not self.started or self.options.mode == THREADS:
             return ""
-        import ray
-
         try:
-            ray.get(self.coordinator.status.remote(), timeout=10)
-        except ray.exceptions.RayActorError as e:
-            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        except ray.exceptions.GetTimeoutError:
+            self.coordinator.status().wait(10)
+        except ActorFailed as e:
+            return f"{e.kind}: {e}"
+        except NoAnswer:
             return ""  # busy, not dead
         return ""
 
@@ -293,13 +264,12 @@ class KubeRuntime:
             kube = self.cluster.metric_samples() if isinstance(self.cluster, KubeCluster) else []
             out["coordinator"] = self.coordinator.state.metrics.samples() + kube
             return out
-        import ray
+        from shardsched.sharding.remote import channel
 
-        handles = ray.get(self.coordinator.shards.remote(), timeout=5)
-        samples = ray.get([s.metric_samples.remote() for s in handles], timeout=5)
+        handles = self.coordinator.shards().wait(5)
+        samples = wait_all([ShardHostClient(channel(h)).metric_samples() for h in handles], 5)
         out = {str(i): s for i, s in enumerate(samples)}
-        coord, kube = ray.get([self.coordinator.coordinator_metrics.remote(), self.coordinator.cluster_metrics.remote()],
-                              timeout=5)
+        coord, kube = wait_all([self.coordinator.coordinator_metrics(), self.coordinator.cluster_metrics()], 5)
         out["coordinator"] = coord + kube
         return out
 
@@ -338,19 +308,21 @@ class KubeRuntime:
                 for t in self._threads:
                     t.join(timeout=2)
             elif self.coordinator is not None:
-                import ray
+                from shardsched.sharding import rayaccess
+                from shardsched.sharding.remote import channel
 
                 try:
-                    handles = ray.get(self.coordinator.shards.remote(), timeout=5)
+                    handles = self.coordinator.shards().wait(5)
                     # the shards write their Events while the coordinator's backend writes its own
-                    ray.get([self.coordinator.stop.remote(grace_s), self.coordinator.stop_cluster.remote(grace_s)],
-                            timeout=BINDS_GRACE_S + grace_s + 10)
-                    for h in handles + [self.coordinator]:
-                        ray.kill(h, no_restart=True)
+                    wait_all([self.coordinator.stop(grace_s), self.coordinator.stop_cluster(grace_s)],
+                             BINDS_GRACE_S + grace_s + 10)
+                    for h in handles:
+                        channel(h).terminate()
+                    self.coordinator.channel.terminate()
                 except Exception:  # noqa: BLE001 - stopping: a dead actor is fine
                     pass
                 if not self.options.ray_address:
-                    ray.shutdown()
+                    rayaccess.shutdown()
         finally:
             self.coordinator = None
             if self.redis is not None:

@@ -219,6 +219,43 @@ def coordinator_actor(*args: Any, name: str | None = None, **kwargs: Any) -> Any
     return named_actor(ray.remote(CoordinatorHost), name, num_cpus=0).remote(*args, **kwargs)
 
 
+class BackendCoordinatorHost(CoordinatorHost):
+    """`CoordinatorHost` whose cluster backend lives in its process (``serve``'s `KubeCluster` copy):
+    the backend's health and metrics, and its stop, are the ``cluster_*`` calls of `CoordinatorAPI`."""
+
+    def _backend(self) -> Any:
+        return self.coordinator.state.cluster.channel.target
+
+    def cluster_health(self) -> dict:
+        return self._backend().health()
+
+    def cluster_metrics(self) -> list:
+        return self._backend().metric_samples()
+
+    def coordinator_metrics(self) -> list:
+        return self.coordinator.state.metrics.samples()
+
+    def stop_cluster(self, flush_timeout_s: float = 5.0) -> None:
+        self._backend().stop(flush_timeout_s)
+
+
+def serve_coordinator_actor(*args: Any, **kwargs: Any) -> CoordinatorClient:
+    """Start ``serve``'s coordinator: a `BackendCoordinatorHost` actor named `COORDINATOR_NAME` (so
+    that ``shardsched scale`` finds it), on this process's Ray node: it declares no CPU, so a worker
+    hosting only it would look idle to Ray's autoscaler and be removed. ``args`` and ``kwargs`` are
+    `CoordinatorHost`'s. Returns its client.
+
+    Raises:
+        ShardschedError: the name stays taken (`named_actor`).
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    handle = named_actor(ray.remote(BackendCoordinatorHost), COORDINATOR_NAME, num_cpus=0,
+                         scheduling_strategy=here).remote(*args, **kwargs)
+    return CoordinatorClient(RayChannel(handle))
+
+
 def named_actor(cls: Any, name: str | None, **options: Any) -> Any:
     """``cls.options(...)`` for a coordinator actor named ``name`` in `RAY_NAMESPACE` (unnamed when
     ``name`` is None), once the name is free: a coordinator killed just before (the previous run on

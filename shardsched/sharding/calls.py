@@ -13,6 +13,7 @@ fails at run time in another process. Only the actor layer imports ``ray``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar
 
@@ -40,7 +41,17 @@ class NoAnswer(RemoteUnavailable):
         self.kind = kind
 
 
-class RemoteDead(NoAnswer):
+class ActorFailed(NoAnswer):
+    """The call got no answer because the component's actor failed (died, or cannot be reached),
+    not because it was slow. ``actor_id``: the actor's id (``RayChannel.actor_id``), to tell which
+    component of a run it was."""
+
+    def __init__(self, message: str, kind: str = "", actor_id: str = "") -> None:
+        super().__init__(message, kind)
+        self.actor_id = actor_id
+
+
+class RemoteDead(ActorFailed):
     """The component's actor is dead (its process exited or was killed): it will never answer."""
 
 
@@ -72,6 +83,17 @@ class Done(Generic[T]):
 
     def wait(self, timeout_s: float | None = 30.0) -> T:
         return self.value
+
+
+def wait_all(replies: Sequence[Reply[T]], timeout_s: float | None) -> list[T]:
+    """The results of ``replies``, in their order, all within ``timeout_s`` in total (None: no
+    limit; the calls run at once, each is waited for what is left of the time).
+
+    Raises: what `Reply.wait` raises, for the first reply that fails."""
+    if timeout_s is None:
+        return [r.wait(None) for r in replies]
+    deadline = time.monotonic() + timeout_s
+    return [r.wait(max(0.0, deadline - time.monotonic())) for r in replies]
 
 
 class Channel(Protocol):
@@ -124,6 +146,7 @@ class ShardAPI(Protocol):
     def add_pods(self, pods: Sequence[PodInfo]) -> None: ...
     def accept(self, qpis: Sequence[QueuedPodInfo], unschedulable: bool = False) -> None: ...
     def remove_pods(self, keys: Iterable[str]) -> None: ...
+    def pending_keys(self) -> list[str]: ...
     def move_all_to_active_or_backoff_queue(self, event: str = "NodeUpdate") -> None: ...
     def snapshot(self) -> dict[str, Any]: ...
     def drain(self, fraction: float = 1.0) -> list[QueuedPodInfo]: ...
@@ -166,6 +189,9 @@ class ShardClient:
 
     def remove_pods(self, keys: Iterable[str]) -> Reply[None]:
         return self.channel.send(ShardAPI.remove_pods, keys)
+
+    def pending_keys(self) -> Reply[list[str]]:
+        return self.channel.send(ShardAPI.pending_keys)
 
     def move_all_to_active_or_backoff_queue(self, event: str) -> Reply[None]:
         return self.channel.send(ShardAPI.move_all_to_active_or_backoff_queue, event)
@@ -354,6 +380,7 @@ class SimClusterAPI(Protocol):
     def create_pods(self, objs: Iterable[Any]) -> list[dict]: ...
     def get_pod(self, namespace: str, name: str) -> dict: ...
     def put_spread_selector(self, obj: Any) -> dict: ...
+    def create_pod_group(self, obj: Any) -> dict: ...
     def progress(self) -> dict[str, Any]: ...
     def invariants(self) -> dict[str, Any]: ...
     def bind_times(self) -> dict[str, list]: ...
@@ -377,6 +404,9 @@ class SimClusterClient(ClusterClient):
 
     def put_spread_selector(self, obj: Any) -> Reply[dict]:
         return self.channel.send(SimClusterAPI.put_spread_selector, obj)
+
+    def create_pod_group(self, obj: Any) -> Reply[dict]:
+        return self.channel.send(SimClusterAPI.create_pod_group, obj)
 
     def progress(self) -> Reply[dict[str, Any]]:
         return self.channel.send(SimClusterAPI.progress)

@@ -7,7 +7,8 @@ progress, restarts the embedded redis-server when it exits, collects the report 
 throughput, CPU, memory, invariants, scale steps with the throughput around each) and stops
 everything, also on errors, on Ctrl-C (SIGINT) and on SIGTERM. Its options, errors and signal
 handling are in `shardsched.sharding.run_control`, its workload feeder in `shardsched.sharding.run_feed`,
-its report in `shardsched.sharding.run_report`.
+its report in `shardsched.sharding.run_report`. It calls its actors through their clients
+(`SimClusterClient`, `CoordinatorClient`, `ShardHostClient`) and does not import Ray.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import time
 import uuid
 from typing import Any, Callable
 
-import ray
-
 from shardsched.config import SchedulerConfiguration
 from shardsched.errors import ShardschedError
+from shardsched.sharding import rayaccess
 from shardsched.sharding.actors import coordinator_actor, kill_shard_actors
-from shardsched.sharding.calls import SimClusterClient
-from shardsched.sharding.rayaccess import describe_access
+from shardsched.sharding.calls import (ActorFailed, Channel, CoordinatorClient, MethodFailed, NoAnswer, RemoteDead,
+                                      RemoteUnavailable, ShardHostClient, SimClusterClient, wait_all)
 from shardsched.sharding.remote import channel
 from shardsched.sharding.run_control import DropMessage, Interrupted, RunError, RunOptions, how_it_ended, interruptible
 from shardsched.sharding.run_feed import WorkloadFeeder
@@ -69,8 +69,8 @@ class EmbeddedRun:
         self.on_progress = on_progress
         self.on_started = on_started
         self.redis: EmbeddedRedis | None = None
-        self.cluster = None
-        self.coordinator = None
+        self.cluster: SimClusterClient | None = None
+        self.coordinator: CoordinatorClient | None = None
         self.meter = ProcessMeter()
         self.system_meter = ProcessMeter()
         self._feeder_error: list[str] = []
@@ -78,7 +78,7 @@ class EmbeddedRun:
         self._started_ray = False
         self._ray_down = threading.Event()  # set by _stop once Ray is shut down (see _init_ray)
         self._signals: dict[str, Any] = {"stopping": False, "defer": False, "pending": None, "received": None}  # see interruptible
-        self._actors: list[Any] = []  # every actor this run created, killed by _stop
+        self._actors: list[Channel] = []  # the channel of every actor this run created, ended by _stop
         self.coordinator_restarts = 0
         self.feeder = WorkloadFeeder(workload, options, self._feeder_error)
         self._t0 = 0.0  # time.monotonic() when the workload started
@@ -96,7 +96,7 @@ class EmbeddedRun:
             except ShardschedError as e:
                 raise RunError(f"could not start the embedded Redis: {e}") from None
             redis_url = self.redis.url
-        if not ray.is_initialized():
+        if not rayaccess.connected():
             self._init_ray()
         self.meter.add(os.getpid(), "driver")
         if self.redis is not None and self.redis.pid:
@@ -105,14 +105,13 @@ class EmbeddedRun:
             self.system_meter.add(pid)
         self.prefix = f"ss:{uuid.uuid4().hex[:8]}:"
         self.redis_url = redis_url
-        self.cluster = self._new_cluster()
-        self.feeder.cluster = SimClusterClient(channel(self.cluster))
-        self._actors.append(self.cluster)
-        ray.get(self.cluster.create_nodes.remote(self.nodes))
-        ray.get([self.cluster.put_spread_selector.remote(obj) for obj in o.spread_selectors])
-        ray.get([self.cluster.create_pod_group.remote(obj) for obj in o.pod_groups])
+        self.cluster = self.feeder.cluster = self._new_cluster()
+        self._actors.append(self.cluster.channel)
+        self.cluster.create_nodes(self.nodes).wait(None)
+        wait_all([self.cluster.put_spread_selector(obj) for obj in o.spread_selectors], None)
+        wait_all([self.cluster.create_pod_group(obj) for obj in o.pod_groups], None)
         self._start_coordinator(adopt=False)
-        self.meter.add(ray.get(self.cluster.pid.remote()), "cluster")
+        self.meter.add(self.cluster.pid().wait(None), "cluster")
         if o.metrics_port:
             self._serve_metrics(o.metrics_port)
 
@@ -142,8 +141,7 @@ class EmbeddedRun:
         def init() -> None:
             try:
                 # the run's job in shardsched's namespace, where its named (and detached) actors live
-                ray.init(address=o.ray_address, namespace=RAY_NAMESPACE, include_dashboard=False,
-                         logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
+                rayaccess.init(o.ray_address, RAY_NAMESPACE)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 outcome.append(e)
             up.set()
@@ -174,9 +172,10 @@ class EmbeddedRun:
             self._signals["received"] = self._signals["pending"]
             raise Interrupted(self._signals["pending"])
 
-    def _new_cluster(self) -> Any:
-        """The simulated cluster's actor (a subclass may serve a variant of `SimClusterHost`)."""
-        return sim_cluster_actor(seed=self.options.seed, faults=self.options.faults)
+    def _new_cluster(self) -> SimClusterClient:
+        """The simulated cluster's actor, as its client (a subclass may serve a variant of
+        `SimClusterHost`)."""
+        return SimClusterClient(channel(sim_cluster_actor(seed=self.options.seed, faults=self.options.faults)))
 
     def _start_coordinator(self, adopt: bool) -> None:
         """Start a coordinator actor; with ``adopt``, one that takes over the shards of the previous
@@ -184,41 +183,48 @@ class EmbeddedRun:
         `_stop` kills them."""
         o = self.options
         try:
-            self.coordinator = coordinator_actor(self.config, self.redis_url, self.prefix, self.cluster, o.shards,
-                                                 o.shard_options, shard_redis_url=o.shard_redis_url, adoptable=True,
-                                                 autoscaler=o.autoscaler, name=o.coordinator_name)
+            handle = coordinator_actor(self.config, self.redis_url, self.prefix, self.cluster.channel.target, o.shards,
+                                       o.shard_options, shard_redis_url=o.shard_redis_url, adoptable=True,
+                                       autoscaler=o.autoscaler, name=o.coordinator_name)
         except ShardschedError as e:
             raise RunError(str(e)) from None
-        self._actors.append(self.coordinator)
+        self.coordinator = CoordinatorClient(channel(handle))
+        self._actors.append(self.coordinator.channel)
         try:
-            ray.get(self.coordinator.start.remote(adopt))
-        except ray.exceptions.RayTaskError as e:  # its first list, the ledger's set-up in Redis, ...
-            cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else e
+            self.coordinator.start(adopt).wait(None)
+        except ShardschedError as e:  # its first list, the ledger's set-up in Redis, ... (MethodFailed: not ours)
+            if isinstance(e, ActorFailed) and self._what_died(e) == "the coordinator":
+                raise  # run() says it died
+            cause = e.cause if isinstance(e, MethodFailed) and isinstance(e.cause, Exception) else e
             if self.redis is not None and not self.redis.running:
                 raise RunError(f"the embedded redis-server exited ({how_it_ended(self.redis.returncode)}) while the run started; nothing was "
                                "scheduled") from None
             raise RunError(f"the coordinator could not start: {type(cause).__name__}: {cause}") from None
-        self.meter.add(ray.get(self.coordinator.pid.remote()), "coordinator")
+        self.meter.add(self.coordinator.pid().wait(None), "coordinator")
         self._meter_shards()
 
     def _meter_shards(self) -> None:
         """Meter the current shard processes (new ones after a scale step; known ones are kept)."""
-        for i, handle in enumerate(ray.get(self.coordinator.shards.remote())):
-            self.meter.add(ray.get(handle.pid.remote()), f"shard-{i}")
+        for i, shard in enumerate(self._shard_clients(None)):
+            self.meter.add(shard.pid().wait(None), f"shard-{i}")
+
+    def _shard_clients(self, timeout_s: float | None) -> list[ShardHostClient]:
+        """The clients of the coordinator's current shards (asked within ``timeout_s``)."""
+        return [ShardHostClient(channel(h)) for h in self.coordinator.shards().wait(timeout_s)]
 
     def coordinator_status(self) -> dict:
         """The coordinator's status; when its actor died, a new coordinator is started first and
         adopts the running shards (the run's supervisor, as a Kubernetes Deployment restarts a
         crashed scheduler)."""
         try:
-            return ray.get(self.coordinator.status.remote(), timeout=30)
-        except ray.exceptions.ActorDiedError:
+            return self.coordinator.status().wait(30)
+        except RemoteDead:
             log.warning("the coordinator died; starting a new one that adopts the running shards")
             # a named actor that died keeps its name while handles to it live; killing it frees it
-            ray.kill(self.coordinator, no_restart=True)
+            self.coordinator.channel.terminate()
             self._start_coordinator(adopt=True)
             self.coordinator_restarts += 1
-            return ray.get(self.coordinator.status.remote(), timeout=30)
+            return self.coordinator.status().wait(30)
 
     def _serve_metrics(self, port: int) -> None:
         from prometheus_client import CollectorRegistry
@@ -226,10 +232,9 @@ class EmbeddedRun:
         from shardsched.metrics import AggregateCollector, serve
 
         def fetch() -> dict:
-            shards = ray.get(self.coordinator.shards.remote(), timeout=5)
-            samples = ray.get([s.metric_samples.remote() for s in shards], timeout=5)
+            samples = wait_all([s.metric_samples() for s in self._shard_clients(5)], 5)
             out = {str(i): s for i, s in enumerate(samples)}
-            out["coordinator"] = ray.get(self.coordinator.metric_samples.remote(), timeout=5)
+            out["coordinator"] = self.coordinator.metric_samples().wait(5)
             return out
 
         registry = CollectorRegistry()
@@ -245,22 +250,22 @@ class EmbeddedRun:
         ``ray_address``) is left running, without our actors."""
         try:
             if self.coordinator is not None:
-                self._actors.extend(ray.get(self.coordinator.shards.remote(), timeout=15))
-                ray.get(self.coordinator.stop.remote(), timeout=15)
+                self._actors.extend(s.channel for s in self._shard_clients(15))
+                self.coordinator.stop().wait(15)
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
-        if ray.is_initialized():
+        if rayaccess.connected():
             for actor in self._actors:
                 try:
-                    ray.kill(actor, no_restart=True)
+                    actor.terminate()
                 except Exception:  # noqa: BLE001 - already dead is fine
                     pass
             if self.coordinator is not None:
                 kill_shard_actors(self.prefix)  # detached: replaced incarnations still alive too
         if self._started_ray:
-            ray.shutdown()
+            rayaccess.shutdown()
             self._ray_down.set()
         if self.redis is not None:
             self.redis.stop()
@@ -292,7 +297,7 @@ class EmbeddedRun:
                 log.info("starting Redis, Ray, the simulated cluster and the actors")
                 self._start()
                 if self.on_started:
-                    self.on_started(*describe_access())
+                    self.on_started(*rayaccess.describe_access())
                 log.info("scheduling: %d pods on %d nodes, %d shards", len(self.workload), len(self.nodes),
                          self.options.shards)
                 t0 = self._t0 = self.feeder.t0 = time.monotonic()
@@ -316,7 +321,7 @@ class EmbeddedRun:
                         self._settle(report, stop, feeder, sampler)
                     except Exception as e:  # noqa: BLE001 - on the way out: say what is missing
                         report.errors.append(f"the report is incomplete: {type(e).__name__}: {e}")
-            except ray.exceptions.RayActorError as e:
+            except ActorFailed as e:
                 signals["stopping"] = True
                 report.died = f"{self._what_died(e)} died"
                 if report.started:
@@ -324,7 +329,7 @@ class EmbeddedRun:
                     report.died += f" {report.schedule_wall_s:.1f} s into the run"
                     try:
                         self._settle(report, stop, feeder, sampler)
-                    except ray.exceptions.RayError:  # the cluster is gone: what its last sample showed
+                    except RemoteUnavailable:  # the cluster is gone: what its last sample showed
                         self._count_last_sample(report)
                 else:
                     report.died += " while the run started"
@@ -336,10 +341,10 @@ class EmbeddedRun:
         report.errors.extend(self._feeder_error)
         return report
 
-    def _what_died(self, error: ray.exceptions.RayActorError) -> str:
+    def _what_died(self, error: ActorFailed) -> str:
         """The run's actor that ``error`` is about, in words ("the simulated cluster")."""
-        for handle, what in ((self.cluster, "the simulated cluster"), (self.coordinator, "the coordinator")):
-            if handle is not None and handle._actor_id.hex() == getattr(error, "actor_id", None):
+        for client, what in ((self.cluster, "the simulated cluster"), (self.coordinator, "the coordinator")):
+            if client is not None and client.channel.actor_id == error.actor_id:
                 return what
         return "an actor of the run"
 
@@ -365,8 +370,8 @@ class EmbeddedRun:
             if thread is not None and thread.ident is not None:
                 thread.join(timeout=5)
         if report.interrupted or report.timed_out:
-            ray.get(self.coordinator.stop.remote(), timeout=30)
-            ray.get(self.coordinator.catch_up.remote(), timeout=30)
+            self.coordinator.stop().wait(30)
+            self.coordinator.catch_up().wait(30)
         self._collect(report)
 
     def _drive(self, t0: float, stop: threading.Event) -> None:
@@ -383,7 +388,7 @@ class EmbeddedRun:
                 return
             try:
                 self.meter.sample()  # the shards this step removes keep their CPU up to here
-                ray.get(self.coordinator.scale.remote(n), timeout=self.options.timeout_s)
+                self.coordinator.scale(n).wait(self.options.timeout_s)
                 self._meter_shards()
             except Exception as e:  # noqa: BLE001 - report, do not crash the run
                 self._feeder_error.append(f"scaling to {n} shards at {at_s:g} s: {type(e).__name__}: {e}")
@@ -401,7 +406,7 @@ class EmbeddedRun:
             self._supervise_redis(report, t0)
             # read before the counts: pods created after this read are then counted next time
             feeder_done = not feeder.is_alive()
-            counts = ray.get(self.cluster.progress.remote())
+            counts = self.cluster.progress().wait(None)
             status = self.coordinator_status()
             self.meter.sample()
             bound = status["bound_seen"]
@@ -456,8 +461,8 @@ class EmbeddedRun:
         while True:
             asked = time.monotonic()
             try:
-                progress = ray.get(self.cluster.progress.remote(), timeout=10)
-            except ray.exceptions.RayActorError:  # the cluster died: the run ends and says so
+                progress = self.cluster.progress().wait(10)
+            except ActorFailed:  # the cluster died: the run ends and says so
                 return
             except Exception as e:  # noqa: BLE001 - the plot has what was sampled; the run goes on
                 log.warning("sampling the cluster stopped: %s: %s", type(e).__name__, e)
@@ -469,30 +474,31 @@ class EmbeddedRun:
                 return
 
     def _collect(self, report: RunReport) -> None:
-        inv = ray.get(self.cluster.invariants.remote())
-        status = ray.get(self.coordinator.status.remote())
-        shards = ray.get(self.coordinator.shards.remote())
+        inv = self.cluster.invariants().wait(None)
+        status = self.coordinator.status().wait(None)
+        shards = self._shard_clients(None)
         report.shards_at_end = len(shards)
-        stats: list[ShardStats] = list(ray.get(self.coordinator.retired_shard_stats.remote()))
+        stats: list[ShardStats] = list(self.coordinator.retired_shard_stats().wait(None))
         for s in shards:
             try:
-                stats.append(ray.get(s.take_stats.remote(), timeout=10))
-                report.shard_snapshots.append(ray.get(s.snapshot.remote(), timeout=10))
+                stats.append(s.take_stats().wait(10))
+                report.shard_snapshots.append(s.snapshot().wait(10))
             except Exception as e:  # noqa: BLE001 - a dead shard's numbers are lost, say so
-                report.errors.append(f"a shard did not report: {type(e).__name__}")
-        binds = ray.get(self.cluster.bind_times.remote())
+                # Ray's error type when it got no answer (ActorDiedError, GetTimeoutError), else the error's
+                report.errors.append(f"a shard did not report: {e.kind if isinstance(e, NoAnswer) else type(e).__name__}")
+        binds = self.cluster.bind_times().wait(None)
         timeline = binds["timeline"]
         if timeline and not (report.interrupted or report.timed_out or report.errors):
             # the window ends at the last bind, as the cluster timed it (progress is followed less often)
             report.schedule_wall_s = min(report.schedule_wall_s, max(t for t, _ in timeline) - self._t0_unix)
-        steps = ray.get(self.coordinator.scale_history.remote())
+        steps = self.coordinator.scale_history().wait(None)
         if steps:
             report.scaling = scale_phases(steps, timeline, self._t0_unix, self._t0_unix + report.schedule_wall_s)
         report.latencies_s.extend(binds["latencies_s"])
         for st in stats:
             report.conflicts += st.conflicts
         report.invariants = inv
-        tracked = set(ray.get(self.coordinator.pending_keys.remote()))
+        tracked = set(self.coordinator.pending_keys().wait(None))
         unbound = inv["pods_unbound"]
         report.lost_pods = len([k for k in unbound if k not in tracked])
         # pods ever bound (a trace's pods bound, then deleted at their end time, count too): every
@@ -504,7 +510,7 @@ class EmbeddedRun:
                                   - report.pods_deleted_unbound - report.lost_pods)
         if report.timed_out:  # the summary's pending count (the coordinator's includes the unschedulable)
             report.errors.append(f"timed out after {self.options.timeout_s:g} s with {report.pods_pending} pods pending")
-        report.samples.append(Sample.of(time.monotonic() - self._t0, ray.get(self.cluster.progress.remote())))
+        report.samples.append(Sample.of(time.monotonic() - self._t0, self.cluster.progress().wait(None)))
         report.created_first_s, report.created_last_s = self.feeder.created_first_s, self.feeder.created_last_s
         report.allocatable = dict(self._allocatable)
         report.replay = self.feeder.replay
@@ -512,7 +518,7 @@ class EmbeddedRun:
         report.replaced_shards = status["replaced_shards"]
         report.ledger_rebuilds = status["ledger_rebuilds"]
         report.coordinator_restarts = self.coordinator_restarts
-        report.unschedulable_reasons = ray.get(self.coordinator.unschedulable_reasons.remote())
+        report.unschedulable_reasons = self.coordinator.unschedulable_reasons().wait(None)
         report.cpu_s = self.meter.cpu_s()
         report.metered_s = time.monotonic() - self._t0
         report.cpu_s_by_process = self.meter.cpu_by_label()

@@ -67,20 +67,35 @@ def describe_access() -> tuple[str, str]:
     return address, f"token authentication, token in {where}"
 
 
-def start_or_join_local(namespace: str) -> tuple[str, bool]:
-    """This process's Ray: the one it is connected to, else a new local one in ``namespace`` (no
-    dashboard, Ray's logs at WARNING, workers' output to this process). Returns its GCS address and
-    whether it was started here (then `shutdown` ends it)."""
+def connected() -> bool:
+    """Whether this process is connected to Ray (``ray.init`` ran and no ``shutdown`` since)."""
+    import ray
+
+    return ray.is_initialized()
+
+
+def init(address: str | None, namespace: str) -> str:
+    """Connect this process to Ray: join the cluster at ``address`` (``HOST:PORT``, or ``auto``),
+    or start a local one when ``address`` is None; the job in ``namespace``, where the run's named
+    (and detached) actors live; no dashboard, Ray's logs at WARNING, workers' output to this
+    process. Returns the GCS address. Raises what ``ray.init`` raises (many types)."""
     import logging
 
     import ray
 
-    started = False
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
-                 configure_logging=False, namespace=namespace)
-        started = True
-    return ray.get_runtime_context().gcs_address, started
+    ray.init(address=address, namespace=namespace, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=True, configure_logging=False)
+    return ray.get_runtime_context().gcs_address
+
+
+def start_or_join_local(namespace: str) -> tuple[str, bool]:
+    """This process's Ray: the one it is connected to, else a new local one in ``namespace``
+    (`init`). Returns its GCS address and whether it was started here (then `shutdown` ends it)."""
+    import ray
+
+    if ray.is_initialized():
+        return ray.get_runtime_context().gcs_address, False
+    return init(None, namespace), True
 
 
 def shutdown() -> None:

@@ -11,7 +11,8 @@ import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from shardsched.errors import ShardschedError
-from shardsched.sharding.calls import Channel, Local, MethodFailed, NoAnswer, RemoteDead, RemoteUnavailable
+from shardsched.sharding.calls import (ActorFailed, Channel, Local, MethodFailed, NoAnswer, RemoteDead,
+                                      RemoteUnavailable)
 
 T = TypeVar("T")
 
@@ -19,19 +20,23 @@ T = TypeVar("T")
 class RayReply:
     """The answer of one actor call (a Ray ObjectRef). Dropping it is fire and forget."""
 
-    __slots__ = ("ref", "method")
+    __slots__ = ("ref", "method", "actor_id")
 
-    def __init__(self, ref: ray.ObjectRef, method: str) -> None:
+    def __init__(self, ref: ray.ObjectRef, method: str, actor_id: str = "") -> None:
         self.ref = ref
         self.method = method
+        self.actor_id = actor_id  # the actor called, for `ActorFailed.actor_id`
 
     def wait(self, timeout_s: float | None = 30.0) -> Any:
         """See `shardsched.sharding.calls.Reply.wait`: our own typed errors pass through."""
         try:
             return ray.get(self.ref, timeout=timeout_s)
         except ActorDiedError as e:  # Ray's message goes on for lines (class, ids, pid, address)
-            raise RemoteDead(f"{self.method}: the actor died: {str(e).splitlines()[0]}", type(e).__name__) from None
-        except (GetTimeoutError, RayActorError) as e:
+            raise RemoteDead(f"{self.method}: the actor died: {str(e).splitlines()[0]}", type(e).__name__,
+                             self.actor_id) from None
+        except RayActorError as e:  # not dead yet unreachable (ActorUnavailableError)
+            raise ActorFailed(f"{self.method}: {type(e).__name__}: {e}", type(e).__name__, self.actor_id) from None
+        except GetTimeoutError as e:
             raise NoAnswer(f"{self.method}: {type(e).__name__}: {e}", type(e).__name__) from None
         except RayTaskError as e:  # the method raised
             if isinstance(e.cause, ShardschedError):
@@ -48,10 +53,13 @@ class RayChannel:
 
     def __init__(self, target: ray.actor.ActorHandle) -> None:
         self.target = target
+        #: the actor's id (hex), as `ActorFailed.actor_id` names it
+        self.actor_id: str = target._actor_id.hex()
+
 
     def send(self, method: Callable[..., T], *args: Any) -> RayReply:
         name = method.__name__
-        return RayReply(getattr(self.target, name).remote(*args), name)
+        return RayReply(getattr(self.target, name).remote(*args), name, self.actor_id)
 
     def terminate(self) -> None:
         """``ray.kill``, no restart; safe on a dead actor."""
