@@ -71,6 +71,23 @@ def test_placements_recompute_the_result(tmp_path, policy):
             assert model in p["gpu_spec"].split("|")
 
 
+def test_fgd_breaks_ties_to_the_smallest_node_name_as_the_fgd_simulator(tmp_path):
+    """fgd's nodes tie for a CPU pod (no fragmentation changes): the FGD simulator's fork of
+    kube-scheduler takes the smallest name, whatever the seed; random ties spread over seeds."""
+    nodes = [NodeRow(name, 32000, 131072, 2, "T4") for name in ("n-c", "n-a", "n-b")]
+    path = tmp_path / "pods.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nq0,1000,1024,0,0,\n")
+    pods, _ = trace.load_pod_rows(path)
+
+    def node_of(policy, seed):
+        out = tmp_path / f"{policy}-{seed}.jsonl"
+        gpufrag.run_one(nodes, pods, "t", policy, seed, placements_out=str(out))
+        return json.loads(out.read_text().splitlines()[0])["node"]
+
+    assert {node_of("fgd", s) for s in range(8)} == {"n-a"}
+    assert len({node_of("bestfit", s) for s in range(8)}) > 1
+
+
 def test_recompute_rejects_an_overfull_device():
     lines = [{"name": f"s{i}", "cpu_milli": 1, "memory_mib": 1, "num_gpu": 1, "gpu_milli": 600, "gpu_spec": "",
               "node": "n0", "devices": [0]} for i in range(2)]

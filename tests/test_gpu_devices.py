@@ -157,6 +157,28 @@ def test_fgd_model_access():
     assert scoring.fragmentation(view, typical, typical.access(["V100"]))[0] == 0
 
 
+def test_fgd_share_takes_the_first_device_of_the_best_integer_score():
+    """As the FGD simulator's plugin: a share's device is the lowest-indexed one whose integer
+    score (100 * sigmoid(delta / 1000), truncated) is the best. Here device 1 adds a little less
+    fragmentation (delta 50.0 against 43.0 thousandths), but both score 51: device 0."""
+    typical = scoring.TypicalPods.from_shapes([(1000, 1, 1000, frozenset())] * 99 + [(1000, 1, 680, frozenset())],
+                                              popularity=1.0)
+    access = typical.access(["T4"])
+    view = _view(cpu_free=[32000], free=[[700, 650, 1000, 0]], count=[3])
+    shape = scoring.PodShape(1000, 1, 50)
+    before = scoring.fragmentation(view, typical, access)[0]
+    deltas = []
+    for d in range(2):
+        after = view.free.copy()
+        after[0, d] -= 50
+        deltas.append(before - scoring.fragmentation(view._replace(cpu_free=view.cpu_free - 1000, free=after),
+                                                     typical, access)[0])
+    assert deltas == pytest.approx([43.0, 50.0])
+    assert list(scoring.to_node_score(scoring.FGD, np.array(deltas))) == [51, 51]
+    raw, device = scoring.score(scoring.FGD, view, shape, typical, access)
+    assert int(device[0]) == 0 and raw[0] == pytest.approx(43.0)
+
+
 def _scheduler(strategy: str, seed: int = 0) -> GenericScheduler:
     profile = load_config(None).profiles[0]
     fw = Framework(profile, IN_TREE, None, False)

@@ -12,7 +12,10 @@ allocated) / capacity``, when the arrived demand first reaches 100% (and 130%) o
 Each decision: the nodes with the CPU, memory, a pod slot and the devices (`scoring.device_fit`),
 and a model the pod's ``gpu_spec`` accepts; then the policy's scores (`scoring.score`, the
 GPUDevice plugin's strategies), the best node (ties broken uniformly at random), the policy's
-device for a share (the lowest-indexed wholly free devices for whole GPUs). Placements can be
+device for a share (the lowest-indexed wholly free devices for whole GPUs). ``fgd`` decides as the
+FGD simulator (the paper's artifact) does instead (`SIMULATOR_RULE`): its node scores are the
+plugin's integers in [0, 100], ``int(100 * sigmoid(delta / 1000))``, and ties go to the node with
+the smallest name, as its kube-scheduler fork's ``selectHost`` chooses them. Placements can be
 written one JSON line per pod (`Placement`), from which the result can be recomputed alone.
 """
 
@@ -38,6 +41,9 @@ POD_LISTS = ("default", "gpushare40", "gpuspec33", "multigpu50", "cpu050")
 POLICIES = {"random": scoring.RANDOM, "bestfit": scoring.BEST_FIT, "packing": scoring.PACKING,
             "dotprod": scoring.DOT_PROD, "fgd": scoring.FGD, "fgd-bestfit": scoring.FGD_BEST_FIT}
 DEFAULT_POLICY = "fgd-bestfit"
+#: policies decided by the FGD simulator's rule (module docstring): integer scores, ties to the
+#: smallest node name; the others compare raw scores and break ties uniformly at random
+SIMULATOR_RULE = ("fgd",)
 NODE_PODS = 1001
 INFLATION = 1.3
 ARRIVAL_POINTS = (1.0, 1.3)
@@ -119,6 +125,9 @@ class RunResult:
     wall_s: float
     #: (arrived %, allocated %) of the capacity, one point per 1% of arrival
     curve: list[tuple[float, float]] = field(default_factory=list)
+    #: 1: decided in this process; more: through the sharded runtime, in waves of ``wave`` pods
+    shards: int = 1
+    wave: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -208,6 +217,8 @@ def run_one(nodes: Sequence[NodeRow], pods: Sequence[PodRow], pod_list: str, pol
     access = typical.access(cluster.models) if typical is not None else None
     rng = np.random.default_rng(seed)
     scorer = _Scorer(cluster, strategy, typical, access, rng)
+    simulator_rule = policy in SIMULATOR_RULE
+    name_rank = np.argsort(np.argsort(np.array(cluster.names)))
     cap = cluster.capacity_milli
     arrived = allocated = placed = 0
     points = {p: None for p in ARRIVAL_POINTS}
@@ -232,8 +243,15 @@ def run_one(nodes: Sequence[NodeRow], pods: Sequence[PodRow], pod_list: str, pol
         devices: list[int] = []
         if len(idx):
             scores, device = scorer.scores(shape, idx)
+            if simulator_rule:
+                scores = scoring.to_node_score(strategy, scores)
             best = np.flatnonzero(scores >= scores.max() - 1e-9)
-            j = int(best[rng.integers(len(best))]) if len(best) > 1 else int(best[0])
+            if len(best) == 1:
+                j = int(best[0])
+            elif simulator_rule:
+                j = int(best[np.argmin(name_rank[idx[best]])])
+            else:
+                j = int(best[rng.integers(len(best))])
             node = int(idx[j])
             if shape.share:
                 devices = [int(device[j])]
@@ -263,21 +281,34 @@ def run_one(nodes: Sequence[NodeRow], pods: Sequence[PodRow], pod_list: str, pol
         Path(placements_out).parent.mkdir(parents=True, exist_ok=True)
         Path(placements_out).write_text("\n".join(lines) + "\n")
     if problems is not None:
-        seen = set()
-        for pod in pods:
-            why = cluster.check_pod(pod)
-            if why and why not in seen:
-                seen.add(why)
-                problems.append(why)
+        problems.extend(never_placeable(nodes, pods))
     unallocated = {f"{int(round(p * 100))}%": (v if v is not None else 100.0 * (cap - allocated) / cap)
                    for p, v in points.items()}
     return RunResult(pod_list, policy, seed, len(order), placed, cap, unallocated,
                      1000.0 * decide_s / max(1, len(order)), time.perf_counter() - t_start, curve)
 
 
-def recompute(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> dict[str, float]:
-    """The unallocated GPU % at each arrival point from ``--placements-out`` lines alone, after
-    checking that no device holds more than 1000 thousandths and no node more than its CPU.
+def never_placeable(nodes: Sequence[NodeRow], pods: Iterable[PodRow]) -> list[str]:
+    """The bad-input messages (`Cluster.check_pod`) of the pods no node of ``nodes`` could take, once each."""
+    cluster = Cluster(nodes)
+    out: list[str] = []
+    for pod in pods:
+        why = cluster.check_pod(pod)
+        if why and why not in out:
+            out.append(why)
+    return out
+
+
+def write_placements(path: str, placements: Iterable[dict]) -> None:
+    """``--placements-out``: one JSON line per `Placement` (as a dict), in submission order."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(p) + "\n" for p in placements))
+
+
+def tally(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> tuple[dict[str, float], list[tuple[float, float]]]:
+    """(unallocated GPU % at each arrival point, the allocation curve as `RunResult.curve`) from
+    `Placement` dicts in submission order alone, after checking that no device holds more than
+    1000 thousandths and no node more than its CPU.
 
     Raises:
         ValueError: a placement breaks a device's or a node's capacity, or names an unknown node.
@@ -287,6 +318,8 @@ def recompute(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> dict[str,
     cap = cluster.capacity_milli
     arrived = allocated = 0
     out: dict[str, float] = {}
+    curve: list[tuple[float, float]] = []
+    next_pct = 0.0
     for p in placements:
         demand = p["num_gpu"] * p["gpu_milli"]
         arrived += demand
@@ -297,8 +330,10 @@ def recompute(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> dict[str,
             if len(p["devices"]) != p["num_gpu"] or len(set(p["devices"])) != len(p["devices"]):
                 raise ValueError(f"{p['name']}: {p['num_gpu']} GPUs asked, devices {p['devices']}")
             for d in p["devices"]:
+                if d >= cluster.count[i]:
+                    raise ValueError(f"{p['name']}: {p['node']} has no device {d}")
                 cluster.free[i, d] -= p["gpu_milli"]
-                if cluster.free[i, d] < 0 or d >= cluster.count[i]:
+                if cluster.free[i, d] < 0:
                     raise ValueError(f"{p['name']}: device {d} of {p['node']} over 1000 thousandths")
             cluster.cpu_free[i] -= p["cpu_milli"]
             if cluster.cpu_free[i] < 0:
@@ -308,7 +343,21 @@ def recompute(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> dict[str,
             key = f"{int(round(point * 100))}%"
             if key not in out and arrived >= point * cap:
                 out[key] = 100.0 * (cap - allocated) / cap
-    return out
+        while arrived * 100.0 >= next_pct * cap:
+            curve.append((round(next_pct, 2), round(100.0 * allocated / cap, 3)))
+            next_pct += 1.0
+    for point in ARRIVAL_POINTS:
+        out.setdefault(f"{int(round(point * 100))}%", 100.0 * (cap - allocated) / cap)
+    return out, curve
+
+
+def recompute(placements: Iterable[dict], nodes: Sequence[NodeRow]) -> dict[str, float]:
+    """The unallocated GPU % at each arrival point from ``--placements-out`` lines alone (`tally`).
+
+    Raises:
+        ValueError: as `tally`.
+    """
+    return tally(placements, nodes)[0]
 
 
 def load(pod_list: str, node_file: str | None = None) -> tuple[list[NodeRow], list[PodRow], list[str]]:
@@ -328,6 +377,7 @@ def summarize(results: Sequence[RunResult]) -> dict:
     """Mean and sample standard deviation over seeds of each arrival point, and the paper's value."""
     first = results[0]
     out = {"pod_list": first.pod_list, "policy": first.policy, "seeds": [r.seed for r in results],
+           "shards": first.shards, "wave": first.wave,
            "decision_ms_mean": statistics.fmean(r.decision_ms_mean for r in results),
            "wall_s_total": sum(r.wall_s for r in results)}
     for key in first.unallocated_pct:

@@ -23,7 +23,8 @@ Workloads with Fragmentation Gradient Descent" (USENIX ATC '23), whose rules thi
   node's free GPU thousandths that typical pod ``k`` could not use: all of them when ``k`` asks for
   no GPU, cannot use the node's model, lacks CPU, or finds too few devices with ``milli_k`` free;
   otherwise those of its devices with less than ``milli_k`` free. FGD places the pod where
-  ``F_after - F_before`` is smallest (the score is its negation), on the device that gives it.
+  ``F_after - F_before`` is smallest (the score is its negation); a share takes, as the FGD
+  simulator's plugin, the lowest-indexed device whose integer score (`to_node_score`) is the best.
 - ``FGDBestFit`` (ours): FGD's score plus `FGD_BEST_FIT_WEIGHT` times BestFit's. FGD alone is
   indifferent between nodes whose fragmentation a pod does not change (a CPU-only pod on any node
   with CPU to spare, a whole GPU on any of many half-used nodes) and picks one at random, which
@@ -283,7 +284,10 @@ def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarr
         after = _frag((total - m)[:, None], c2, s2, cpu_after[:, None, :], view.model, typical, access,
                       None if mem_after is None else mem_after[:, None, :])
         after = np.where(free >= m, after, np.inf)
-        device = after.argmin(axis=1)
+        if memory:
+            device = after.argmin(axis=1)
+        else:  # FGD: as the FGD simulator, the first device of the best integer score
+            device = to_node_score(FGD, before[:, None] - after).argmax(axis=1)
         return before - after[np.arange(n), device], device
     if shape.gpu_count:
         k = shape.gpu_count
