@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from shardsched.cluster import Forbidden
+from shardsched.cluster import Forbidden, prepare_candidates
 from shardsched.config import load_config
 from shardsched.sim import SimCluster
+from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, Handoff
 from shardsched.store.ledger import BoundPod, NodeEntry, NominateItem, ReserveCode, ReserveItem
 
 from builders import pod
@@ -171,6 +172,51 @@ def test_two_preemptors_on_one_node_across_two_shards_one_wins_the_ledger(ledger
     assert mine.ok  # its own nomination does not count against it
 
 
+class _RecordedBatches:
+    """The cluster, with the preemption batches the coordinator sends recorded."""
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+        self.batches: list[list] = []
+
+    def prepare_candidates(self, candidates):
+        self.batches.append(list(candidates))
+        return self._cluster.prepare_candidates(candidates)
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+def test_the_preemptors_of_one_pass_are_decided_in_priority_order_with_disjoint_victims(ledger):
+    """Three preemptors reach the coordinator in one pass, the lowest first; two nodes have room
+    for two of them. They are decided highest first, each over the table the ones before left:
+    the two higher ones get a node each with victims of their own, sent in one batch; the lowest
+    finds no node (the nominations of higher priority count for it and are never its victims)."""
+    world = full_world(ledger)
+    recorded = _RecordedBatches(world.cluster)
+    world.coordinator.state.cluster.channel.target = recorded
+    world.cluster.create_pods([high_pod("p100", cpu="3", priority=100), high_pod("p200", cpu="3", priority=200),
+                               high_pod("p300", cpu="3", priority=300)])
+    world.coordinator.poll_watch()  # routed to the shards: taken back and handed off, lowest first,
+    qpis = sorted((q for s in world.shards.values() for q in s.drain()), key=lambda q: q.pod_info.priority)
+    for q in qpis:  # as after a round over both shards
+        world.coordinator.state.pending[q.pod_info.uid].tried = {0, 1}
+    world.coordinator.handoff(0, [Handoff(q, UNSCHEDULABLE_HERE, "0/1 nodes are available: 1 Insufficient cpu.",
+                                          {"Insufficient cpu": 1}, 1) for q in qpis])
+    settle_fully(world)
+    first = recorded.batches[0]
+    assert [c.name for c in first] == ["p300", "p200"]  # one batch, in queue order
+    victims = [{v.uid for v in c.victims} for c in first]
+    assert all(len(v) == 3 for v in victims) and not victims[0] & victims[1]
+    assert first[0].node != first[1].node
+    pods = pods_by_name(world)
+    assert pods["p300"]["spec"]["nodeName"] == first[0].node and pods["p200"]["spec"]["nodeName"] == first[1].node
+    assert not pods["p100"]["spec"].get("nodeName") and "nominatedNodeName" not in pods["p100"]["status"]
+    assert all(c.name != "p100" for batch in recorded.batches for c in batch)
+    assert world.coordinator.state.counters["victims"] == 6
+    assert world.cluster.invariants()["pods_bound"] == 4
+
+
 def test_victims_recreated_by_their_set_do_not_take_the_room_and_nothing_loops(ledger):
     """Loop-freedom: the victims belong to a ReplicaSet-like set that recreates each at once, with
     the same labels and priority. The recreated pods are ours to schedule too; the nomination keeps
@@ -202,6 +248,9 @@ class _ForbiddenDeletes:
 
     def delete_pod(self, namespace, name, uid=None, grace_period_s=None):
         raise Forbidden(f'pods "{name}" is forbidden: User "shardsched" cannot delete resource "pods"')
+
+    def prepare_candidates(self, candidates):  # the batch through this double's delete_pod
+        return prepare_candidates(self, candidates)
 
     def __getattr__(self, name):
         return getattr(self._cluster, name)
@@ -441,6 +490,9 @@ class _RacingDeletes:
             again.spec["schedulerName"] = "other-scheduler"  # not ours: it stays pending
             self._cluster.create_pods([again])
         return self._cluster.delete_pod(namespace, name, stored["metadata"]["uid"], grace_period_s)
+
+    def prepare_candidates(self, candidates):  # the batch through this double's delete_pod
+        return prepare_candidates(self, candidates)
 
     def __getattr__(self, name):
         return getattr(self._cluster, name)

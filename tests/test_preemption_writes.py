@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from shardsched.api.objects import PodInfo
-from shardsched.cluster import DELETED, MODIFIED, POD, Conflict, Forbidden, NotFound
+from shardsched.cluster import DELETED, MODIFIED, POD, Candidate, Conflict, Forbidden, NotFound, Victim
 from shardsched.kube.client import ClientSpec
 from shardsched.kube.cluster import KubeCluster
 from shardsched.sim.cluster import SimCluster
@@ -170,3 +170,44 @@ def test_nominated_node_name_set_and_cleared(world):
     assert "nominatedNodeName" not in world.sim.get_pod("default", "high")["status"]
     events, _ = world.sim.events_since(rv, [POD])
     assert [e.object["status"].get("nominatedNodeName") for e in events] == ["n0", None]
+
+
+def test_prepare_candidates_writes_each_preemption_and_counts_404_and_409_as_gone(world):
+    kept = world.victim("kept")["metadata"]["uid"]
+    gone = world.victim("gone", grace=0)["metadata"]["uid"]
+    world.sim.delete_pod("default", "gone")  # someone else deleted it first: 404
+    recreated = world.victim("recreated")["metadata"]["uid"]
+    world.preemptor("high")
+    world.preemptor("second")
+    candidates = [
+        Candidate("default", "high", "uid-high", SCHED, "n0", (Victim("default", "kept", kept),
+                                                               Victim("default", "gone", gone)), "0/1 nodes ..."),
+        Candidate("default", "second", "uid-second", SCHED, "n0",
+                  (Victim("default", "recreated", "not-" + recreated),), "0/1 nodes ..."),
+    ]
+    first, second = world.target.prepare_candidates(candidates)
+    assert set(first.gone) == {kept, gone} and not first.failed_victim and not first.status_error
+    assert second.gone == ("not-" + recreated,) and not second.failed_victim  # 409: re-created, left alone
+    assert world.sim.get_pod("default", "kept")["metadata"]["deletionTimestamp"]
+    assert not world.sim.get_pod("default", "recreated")["metadata"].get("deletionTimestamp")
+    for name in ("high", "second"):
+        assert world.sim.get_pod("default", name)["status"]["nominatedNodeName"] == "n0"
+    wait_for(lambda: {"FailedScheduling"} <= {e["reason"] for e in world.sim.events_for("default", "second")}
+             and any(c["type"] == "PodScheduled" and c["reason"] == "Unschedulable"
+                     for c in world.sim.get_pod("default", "high")["status"].get("conditions", [])),
+             what="the preemptors' Events and conditions")
+    wait_for(lambda: [e["message"] for e in world.sim.events_for("default", "kept") if e["reason"] == "Preempted"]
+             == ["Preempted by pod uid-high on node n0"], what="the victim's Preempted Event")
+
+
+def test_prepare_candidates_stops_a_candidate_at_a_victim_rbac_refuses(world):
+    if world.kube is None:
+        pytest.skip("RBAC is the API server's")
+    uid = world.victim()["metadata"]["uid"]
+    world.preemptor()
+    world.server.deny("delete", "pods")
+    [out] = world.kube.prepare_candidates([Candidate("default", "high", "uid-high", SCHED, "n0",
+                                                     (Victim("default", "victim", uid),), "0/1 nodes ...")])
+    assert out.failed_victim == "default/victim" and out.error.startswith("Forbidden:") and out.gone == ()
+    assert not world.sim.get_pod("default", "victim")["metadata"].get("deletionTimestamp")
+    assert "nominatedNodeName" not in world.sim.get_pod("default", "high")["status"]

@@ -6,6 +6,7 @@ backend (`shardsched.kube`) import it and never each other."""
 from shardsched.cluster.backend import Capabilities, ClusterBackend, PerProcessBackend, WriteGate
 from shardsched.cluster.binding import BOUND, CONFLICT, MAYBE_APPLIED, NOT_APPLIED, NOT_FOUND, Binding, BindResult
 from shardsched.cluster.disruption import apply_pdb_events
+from shardsched.cluster.preemption import Candidate, CandidateResult, Victim, prepare_candidate, prepare_candidates
 from shardsched.cluster.podgroups import apply_pod_group_events
 from shardsched.cluster.spread import spread_selector_changes
 from shardsched.cluster.errors import (
@@ -48,6 +49,8 @@ __all__ = [
     "ApiError",
     "BindResult",
     "Binding",
+    "Candidate",
+    "CandidateResult",
     "Capabilities",
     "ClusterBackend",
     "Conflict",
@@ -58,10 +61,13 @@ __all__ = [
     "PerProcessBackend",
     "ServerError",
     "Timeout",
+    "Victim",
     "WatchEvent",
     "WriteGate",
     "apply_pdb_events",
     "apply_pod_group_events",
+    "prepare_candidate",
+    "prepare_candidates",
     "read_event_log",
     "spread_selector_changes",
 ]

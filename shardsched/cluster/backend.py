@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Mapping, Protocol, Sequence
 
 from shardsched.cluster.binding import Binding, BindResult
+from shardsched.cluster.preemption import Candidate, CandidateResult
 from shardsched.cluster.watch import NAMESPACE, NODE, POD, WatchEvent
 
 
@@ -148,6 +149,15 @@ class ClusterBackend(Protocol):
         Returns: True when changed, False when the pod already had that value.
         Raises: `NotFound`, `Forbidden`, `TemporaryError`.
         """
+        ...
+
+    def prepare_candidates(self, candidates: Sequence[Candidate]) -> list[CandidateResult]:
+        """The API writes of many preemptions at once, one `CandidateResult` per `Candidate`, in
+        order (`shardsched.cluster.preemption.prepare_candidate`'s writes and outcomes for each:
+        the victims' DisruptionTarget, uid-preconditioned deletes and Preempted Events, then the
+        preemptor's FailedScheduling Event, PodScheduled condition and nominatedNodeName). A
+        backend may write different candidates concurrently; one candidate's writes stay in that
+        order. Never raises for one candidate."""
         ...
 
     def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Any:

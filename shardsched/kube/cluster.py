@@ -37,12 +37,14 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
 
 from kubernetes import client as k8s
 
 from shardsched.api.objects import disruption_target_condition
 from shardsched.errors import PermanentError
+from shardsched.cluster.preemption import Candidate, CandidateResult, prepare_candidate, prepare_candidates
 from shardsched.kube.aio import AioApi
 from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector
@@ -79,6 +81,10 @@ STORAGE_PERMISSIONS = [*((verb, group, resource) for group, resource in (
 #: and with --leader-elect, in the Lease's namespace
 LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
                       ("update", "coordination.k8s.io", "leases")]
+
+#: most preemptions' writes in flight at once in `KubeCluster.prepare_candidates` (each a few
+#: synchronous requests; the token bucket still paces them)
+PREEMPTION_WORKERS = 16
 
 
 class KubeCluster:
@@ -381,6 +387,17 @@ class KubeCluster:
             return False
         self._patch_status(namespace, name, {"status": {"nominatedNodeName": node_name or None}})
         return True
+
+    def prepare_candidates(self, candidates: Sequence[Candidate]) -> list[CandidateResult]:
+        """Many preemptions' writes (`ClusterBackend.prepare_candidates`): the candidates run
+        concurrently, up to `PREEMPTION_WORKERS` at once on this copy's connection pool (under its
+        rate limiter), each one's requests in order (`shardsched.cluster.preemption.prepare_candidate`:
+        the synchronous DisruptionTarget patches and deletes, then the queued Events and condition
+        and the nominatedNodeName patch). One result per candidate, in order; never raises for one."""
+        if len(candidates) <= 1:
+            return prepare_candidates(self, candidates)
+        with ThreadPoolExecutor(min(len(candidates), PREEMPTION_WORKERS), thread_name_prefix="preemption") as pool:
+            return list(pool.map(lambda c: prepare_candidate(self, c), candidates))
 
     def _patch_status(self, namespace: str, name: str, body: dict) -> Any:
         return self._connection().request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",

@@ -20,7 +20,7 @@ from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence
 from shardsched.api.objects import PodInfo
 from shardsched.api.workloads import WorkloadKey, WorkloadSelector
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import Binding, BindResult, ClusterBackend, WatchEvent
+from shardsched.cluster import Binding, BindResult, Candidate, CandidateResult, ClusterBackend, WatchEvent
 from shardsched.errors import TemporaryError
 from shardsched.queue import QueuedPodInfo
 from shardsched.sharding.protocols import Handoff
@@ -362,6 +362,9 @@ class ClusterClient:
 
     def bind_many(self, bindings: Sequence[Binding | tuple]) -> Reply[list[BindResult]]:
         return self.channel.send(ClusterBackend.bind_many, bindings)
+
+    def prepare_candidates(self, candidates: Sequence[Candidate]) -> Reply[list[CandidateResult]]:
+        return self.channel.send(ClusterBackend.prepare_candidates, candidates)
 
     def set_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Reply[Any]:
         return self.channel.send(ClusterBackend.set_pod_condition, namespace, name, condition)

@@ -71,7 +71,7 @@ from collections import Counter, abc
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from shardsched.api.objects import (DEFAULT_GRACE_PERIOD_S, TERMINAL_PHASES, UNSCHEDULABLE_TAINT_KEY, NodeInfo, PodInfo,
                                     as_dict, disruption_target_condition)
@@ -88,6 +88,7 @@ from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE
                                 AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
                                 read_event_log)
+from shardsched.cluster.preemption import Candidate, CandidateResult, prepare_candidates
 from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
                                        parse_budget)
 from shardsched.sim.volumes import SimVolumes
@@ -1132,6 +1133,13 @@ class SimCluster:
                 status["nominatedNodeName"] = node_name
             self._pods[key] = self._commit(MODIFIED, POD, {**pod, "metadata": {**pod["metadata"]}, "status": status})
             return True
+
+    def prepare_candidates(self, candidates: Sequence[Candidate]) -> list[CandidateResult]:
+        """A rebalance pass's preemptions in one call (`ClusterBackend.prepare_candidates`): each
+        candidate's victims' DisruptionTarget, deletes and Events, then the preemptor's
+        FailedScheduling, PodScheduled and nominatedNodeName, candidate after candidate
+        (`shardsched.cluster.preemption.prepare_candidate`). Never raises for one candidate."""
+        return prepare_candidates(self, candidates)
 
     def remove_scheduling_gates(self, namespace: str, name: str, gates: Iterable[str] | None = None) -> dict:
         """Remove scheduling gates from a pod (all of them, or those named), as the controller

@@ -22,15 +22,18 @@ def mark_gated(state: CoordinatorState, pod: PodInfo, obj: Mapping[str, Any]) ->
         state.cluster.set_pod_condition(pod.namespace, pod.name, dict(SCHEDULING_GATED_CONDITION))
 
 
-def record_unschedulable(state: CoordinatorState, t: Tracked, message: str) -> None:
+def record_unschedulable(state: CoordinatorState, t: Tracked, message: str, write: bool = True) -> None:
     """PodScheduled=False and a FailedScheduling Event with kube's message over all nodes; after
-    maxSchedulingAttempts rounds, the alert metric and a Warning event as well."""
+    maxSchedulingAttempts rounds, the alert metric and a Warning event as well. ``write`` False:
+    the Event and the condition are left to the caller (a preemptor's go with its nomination,
+    `shardsched.cluster.preemption.Candidate`)."""
     pod = t.pod
     t.message = message
     ref = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
-    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
-    state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
-    state.cluster.set_pod_condition(pod.namespace, pod.name, condition)
+    if write:
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
+        state.cluster.set_pod_condition(pod.namespace, pod.name, condition)
     state.counters["unschedulable_attempts"] += 1
     if t.rounds >= state.config.max_scheduling_attempts and not t.gave_up:
         t.gave_up = True

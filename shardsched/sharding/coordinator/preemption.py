@@ -17,15 +17,21 @@ nominates a node:
    is deleted for it); nominations of lower priority on the node are dropped and their pods'
    ``status.nominatedNodeName`` cleared;
 2. each victim gets the ``DisruptionTarget`` condition, then is deleted with a uid precondition and
-   its own grace period, and a ``Preempted`` Event (``Preempted by pod <uid> on node <node>``); the
-   writes of a whole rebalance pass are pipelined (`Preemption.flush`: all conditions, then all
-   deletes, then the Events and nominations, a few round trips in all); a
-   victim already gone (404) or re-created under its name (409) counts as gone; a victim is never
-   deleted twice for the same preemptor, nor one already terminating by a preemption (another
-   preemptor's victim, which kube's rules may choose again: it still holds its room);
-3. the preemptor's ``status.nominatedNodeName`` is written, it is assumed on the node in the
-   coordinator's table and waits, pinned to the node, among the unschedulable pods of the node's
-   owner shard, which retries it when the victims are gone (an assigned pod deleted).
+   its own grace period, and a ``Preempted`` Event (``Preempted by pod <uid> on node <node>``); then
+   the preemptor gets its FailedScheduling Event, PodScheduled=False and ``status.nominatedNodeName``
+   (upstream's ``handleSchedulingFailure`` after a PostFilter that nominated). The writes of a whole
+   rebalance pass go to the cluster in one call (`Preemption.flush`,
+   `ClusterBackend.prepare_candidates`); a victim already gone (404) or re-created under its name
+   (409) counts as gone; a victim is never deleted twice for the same preemptor, nor one already
+   terminating by a preemption (another preemptor's victim, which kube's rules may choose again: it
+   still holds its room);
+3. the preemptor is assumed on the node in the coordinator's table and waits, pinned to the node,
+   among the unschedulable pods of the node's owner shard, which retries it when the victims are
+   gone (an assigned pod deleted).
+
+The preemptors of a rebalance pass are decided one after the other in queue order (higher priority
+first), each over the table as the ones before left it (their victims terminating, themselves
+assumed on their nodes), so two never pick the same victims or the same freed room.
 
 A victim that cannot be deleted (403 Forbidden, the API away) undoes the nomination: it is released,
 the victims not deleted are no longer counted as going, the pod gets a FailedScheduling Event with
@@ -43,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from shardsched.api.objects import PodInfo
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import ApiError, Conflict, NotFound
+from shardsched.cluster import ApiError, Candidate, Victim
 from shardsched.errors import TemporaryError
 from shardsched.framework.interface import PostFilterResult
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
@@ -90,14 +96,15 @@ def cluster_scheduler(state: CoordinatorState, pod: PodInfo) -> GenericScheduler
 @dataclass
 class _Writes:
     """What one preemption writes (`Preemption.flush`): its nomination on ``node`` with
-    ``all_victims`` (uids) in the ledger, replacing the one on ``previous`` ("" for none), and the
-    deletion of its new ``victims``."""
+    ``all_victims`` (uids) in the ledger, replacing the one on ``previous`` ("" for none), the
+    deletion of its new ``victims``, and its attempt's FailedScheduling ``message``."""
 
     pod: PodInfo
     node: str
     victims: list[PodUsage]
     all_victims: tuple[str, ...]
     previous: str
+    message: str
 
 
 class _Failed:
@@ -176,7 +183,7 @@ class Preemption:
                 return Outcome(WAITING, nominated, message)
             self.clear(pod)
             return Outcome(FAILED, None, message)
-        self._prepare(pod, pf)
+        self._prepare(pod, pf, message)
         return Outcome(NOMINATED, pf.nominated_node, message)
 
     def _hide_nominated(self, pod: PodInfo) -> list:
@@ -196,10 +203,11 @@ class Preemption:
         return out
 
     # ------------------------------------------------------------------ the writes
-    def _prepare(self, pod: PodInfo, pf: PostFilterResult) -> None:
+    def _prepare(self, pod: PodInfo, pf: PostFilterResult, message: str) -> None:
         """Upstream ``prepareCandidate``, decided here and written by `flush` (module docstring):
         the victims marked terminating by a preemption in the table and the pod's nomination
-        recorded, so that the pods decided next in this pass see both."""
+        recorded, so that the pods decided next in this pass see both. ``message``: the attempt's
+        FailedScheduling message, written with the nomination."""
         state = self.state
         node = pf.nominated_node
         held = state.preempting.get(pod.uid)
@@ -215,17 +223,19 @@ class Preemption:
         state.metrics.preemption_victims.observe(len(pf.victims))
         state.counters["preemptions"] += 1
         state.preempting[pod.uid] = nom
-        self._writes.append(_Writes(pod, node, fresh, tuple(u.uid for u in pf.victims), held.node if held else ""))
+        self._writes.append(_Writes(pod, node, fresh, tuple(u.uid for u in pf.victims), held.node if held else "",
+                                    message))
 
     def flush(self) -> None:
-        """What the preemptions decided since the last call write, in a few round trips for a whole
+        """What the preemptions decided since the last call write, in two calls for a whole
         rebalance pass: their nominations in the ledger, in one call, before anything is deleted
-        (a nomination refused undoes its preemption, `_undo`); then, pipelined, every victim's
-        ``DisruptionTarget`` condition, every delete with its uid precondition once the condition
-        is answered, the ``Preempted`` Events and the preemptors' ``nominatedNodeName``. A victim
-        gone (404) or re-created (409) counts as gone; a preemptor one of whose victims could not
-        be deleted loses its nomination (`_undo`) and is retried after a backoff. Call with the
-        state lock held, after the decisions (`Rebalancer.rebalance` does)."""
+        (a nomination refused undoes its preemption, `_undo`); then one `prepare_candidates` call to
+        the cluster with every accepted preemption's writes (each victim's ``DisruptionTarget``,
+        its delete with a uid precondition and its ``Preempted`` Event, then the preemptor's
+        FailedScheduling Event, PodScheduled condition and ``nominatedNodeName``). A victim gone
+        (404) or re-created (409) counts as gone; a preemptor one of whose victims could not be
+        deleted loses its nomination (`_undo`) and is retried after a backoff. Call with the state
+        lock held, after the decisions (`Rebalancer.rebalance` does)."""
         writes, self._writes = self._writes, []
         if not writes:
             return
@@ -249,49 +259,29 @@ class Preemption:
             for uid in res.dropped:
                 self._clear_uid(uid, w.node)
             accepted.append(w)
-        writes = accepted
-        cluster = self.state.cluster
-        errors: dict[int, str] = {}
-        conditions = [[(u, _send(cluster.set_disruption_target, *_split(u.key), w.pod.scheduler_name))
-                       for u in w.victims] for w in writes]
-        deletes: list[list] = []
-        for i, (w, sent) in enumerate(zip(writes, conditions)):
-            outcomes = [(u, _outcome(reply)) for u, reply in sent]
-            errors_here = [(u, e) for u, e in outcomes if e is not None and not isinstance(e, (NotFound, Conflict))]
-            if errors_here:
-                u, e = errors_here[0]
-                errors[i] = self._error_words(w, u, e)
-                deletes.append([])
-                continue
-            deletes.append([(u, _send(cluster.delete_pod, *_split(u.key), u.uid, None))
-                            for u, e in outcomes if e is None])
-        nominations = []
-        for i, (w, sent) in enumerate(zip(writes, deletes)):
-            deleted = []
-            for u, reply in sent:
-                e = _outcome(reply)
-                if e is None or isinstance(e, (NotFound, Conflict)):  # gone already, or re-created: leave it
-                    deleted.append(u)
-                elif i not in errors:
-                    errors[i] = self._error_words(w, u, e)
-            for u in deleted:
-                ns, name = _split(u.key)
-                cluster.record_event({"kind": "Pod", "namespace": ns, "name": name, "uid": u.uid}, "Normal",
-                                     "Preempted", f"Preempted by pod {w.pod.uid} on node {w.node}")
-            self.state.counters["victims"] += len(deleted)
-            if i in errors:
-                self._undo(w, set(u.uid for u in deleted), errors[i])
-            else:
-                nominations.append((w.pod, _send(cluster.set_nominated_node_name, w.pod.namespace, w.pod.name, w.node)))
-        for pod, reply in nominations:
-            e = _outcome(reply)
-            if e is not None:  # the pod deleted meanwhile: the watch forgets it
-                log.warning("status.nominatedNodeName of %s not written: %s", pod.key, e)
-
-    def _error_words(self, w: "_Writes", u: PodUsage, e: Exception) -> str:
-        log.warning("preemption of %s for %s failed: %s", u.key, w.pod.key, e)
-        self.state.counters["victim_delete_errors"] += 1
-        return f"preemption: could not delete victim {u.key} on node {w.node}: {type(e).__name__}: {e}"
+        if not accepted:
+            return
+        candidates = [Candidate(w.pod.namespace, w.pod.name, w.pod.uid, w.pod.scheduler_name, w.node,
+                                tuple(Victim(*_split(u.key), u.uid) for u in w.victims), w.message)
+                      for w in accepted]
+        try:
+            outcomes = state.cluster.prepare_candidates(candidates).wait()
+        except TemporaryError as e:  # no answer: nothing known deleted; the watch shows what was
+            log.warning("preemption writes of %d preemptors not answered: %s", len(accepted), e)
+            state.counters["victim_delete_errors"] += len(accepted)
+            for w in accepted:
+                self._undo(w, set(), f"preemption: the victims on node {w.node} were not deleted: "
+                                     f"{type(e).__name__}: {e}")
+            return
+        for w, out in zip(accepted, outcomes):
+            state.counters["victims"] += len(out.gone)
+            if out.failed_victim:
+                log.warning("preemption of %s for %s failed: %s", out.failed_victim, w.pod.key, out.error)
+                state.counters["victim_delete_errors"] += 1
+                self._undo(w, set(out.gone), f"preemption: could not delete victim {out.failed_victim} on node "
+                                             f"{w.node}: {out.error}")
+            elif out.status_error:  # the pod deleted meanwhile: the watch forgets it
+                log.warning("status of %s not written: %s", w.pod.key, out.status_error)
 
     def _undo(self, w: "_Writes", deleted: set[str], error: str) -> None:
         """A victim of ``w`` could not be deleted: the victims not deleted are no longer going (in
@@ -316,10 +306,12 @@ class Preemption:
         t = state.pending.get(w.pod.uid)
         if t is None:
             return
-        message = f"{t.message} {error}" if t.message else error
+        message = f"{w.message} {error}" if w.message else error
         t.message = message
         ref = {"kind": "Pod", "namespace": w.pod.namespace, "name": w.pod.name, "uid": w.pod.uid}
         state.cluster.record_event(ref, "Warning", "FailedScheduling", message)
+        state.cluster.set_pod_condition(w.pod.namespace, w.pod.name, {"type": "PodScheduled", "status": "False",
+                                                                      "reason": "Unschedulable", "message": message})
         if 0 <= t.shard < len(state.shards):
             state.shards[t.shard].client.move_all_to_active_or_backoff_queue(PREEMPTION_FAILED)
 

@@ -65,6 +65,7 @@ class Rebalancer:
         retry: dict[int, list] = defaultdict(list)
         deadline = time.monotonic() + REBALANCE_BUDGET_S
         later: list[tuple[int, list[Handoff]]] = []
+        decide: list[tuple[Tracked, QueuedPodInfo, np.ndarray | None, int]] = []
         for shard, items in inbox:
             for k, h in enumerate(items):
                 if time.monotonic() > deadline:
@@ -88,7 +89,7 @@ class Rebalancer:
                     state.unroute(t.shard)
                     t.tried.clear()
                     h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
-                    self._fail_round(t, h.qpi, None, None, shard, park, retry)
+                    decide.append((t, h.qpi, None, shard))
                     continue
                 if needs_cluster_view(state, pod):
                     # its node is chosen here over the whole cluster, afresh after any failure
@@ -100,8 +101,10 @@ class Rebalancer:
                         retry[target].append(h.qpi)
                         continue
                     h.qpi.pod_info, t.pod = pod.nominated(""), t.pod.nominated("")
-                    failed = None if self.preemption.has_post_filter(pod) else cluster_decision(state, h.qpi.pod_info)
-                    self._fail_round(t, h.qpi, failed, None, shard, park, retry)
+                    if self.preemption.has_post_filter(pod):
+                        decide.append((t, h.qpi, None, shard))
+                    else:
+                        self._fail_round(t, h.qpi, cluster_decision(state, h.qpi.pod_info), None, shard, park, retry)
                     continue
                 room, static = shard_counts(state, pod)
                 target = choose(state, room, static, exclude=t.tried)
@@ -116,7 +119,7 @@ class Rebalancer:
                 # is counted. Otherwise the round is one failed attempt (kube's FailureHandler).
                 t.tried.clear()
                 if self.preemption.has_post_filter(pod):  # its decision over the whole cluster comes first
-                    self._fail_round(t, h.qpi, None, static, shard, park, retry)
+                    decide.append((t, h.qpi, static, shard))
                     continue
                 result = state.scheduler_for(pod).schedule(pod, assume=False)
                 if result.node is not None and state.owners.get(result.node) is not None:
@@ -126,6 +129,12 @@ class Rebalancer:
                     retry[target].append(h.qpi)
                     continue
                 self._fail_round(t, h.qpi, result, static, shard, park, retry)
+        # the pass's decisions over the whole cluster, PostFilter included, in queue order (kube's
+        # PrioritySort; equal priorities in the order they were handed back), each seeing the
+        # victims and nominations of the ones before
+        decide.sort(key=lambda d: -d[1].pod_info.priority)
+        for t, qpi, static, shard in decide:
+            self._fail_round(t, qpi, None, static, shard, park, retry)
         if later:
             with self._inbox_lock:
                 self._inbox[:0] = later
@@ -183,13 +192,15 @@ class Rebalancer:
             static[owner] = 1
         elif static is None:
             _, static = shard_counts(state, pod)
-        self._give_up_round(t, qpi, out.message, static, shard, park)
+        # a preemptor's FailedScheduling and PodScheduled go out with its nomination (`Preemption.flush`)
+        self._give_up_round(t, qpi, out.message, static, shard, park, write=out.kind != NOMINATED)
 
     def _give_up_round(self, t: Tracked, qpi: QueuedPodInfo, message: str, static: np.ndarray,
-                       shard: int, park: dict[int, list]) -> None:
+                       shard: int, park: dict[int, list], write: bool = True) -> None:
         """A round over the cluster found no node (``message``: kube's, over the whole cluster):
         one failed attempt (kube's FailureHandler); the pod waits among the unschedulable pods of
-        the shard with most matching nodes (``park``)."""
+        the shard with most matching nodes (``park``). ``write``: False when the attempt's Event
+        and condition are written by someone else (`record_unschedulable`)."""
         state = self.state
         t.rounds += 1
         t.unschedulable = True
@@ -198,5 +209,5 @@ class Rebalancer:
             target = next((s.index for s in state.shards if s.alive), shard)
         t.shard = target
         state.routed[target] += 1
-        record_unschedulable(state, t, message)
+        record_unschedulable(state, t, message, write)
         park[target].append(qpi)
