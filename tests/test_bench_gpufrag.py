@@ -123,6 +123,42 @@ def test_cli_one_seed_json(tmp_path):
                                        "p7: gpu_spec names no GPU model of the cluster (A100)"]
 
 
+def test_runtime_profile_has_gpudevice_as_the_only_score(tmp_path):
+    from shardsched.bench import gpufrag_shards
+    from shardsched.config import parse_config
+
+    pods = _pods(tmp_path)
+    specs = gpufrag_shards.typical_pod_specs(pods)
+    assert sorted(s["weight"] for s in specs) == [1] * 6  # six shapes, one pod each
+    assert {"cpuMilli": 1000, "gpuCount": 1, "gpuMilli": 300, "gpuModels": ["T4"], "memoryMib": 2048,
+            "weight": 1} in specs
+    profile = parse_config(gpufrag_shards.profile_yaml("fgd-bestfit", pods)).profiles[0]
+    assert [p.name for p in profile.enabled("score")] == ["GPUDevice"]
+    assert "GPUDevice" in [p.name for p in profile.enabled("filter")]
+    assert profile.plugin_args["GPUDevice"].scoring_strategy == "FGDBestFit"
+    assert len(profile.plugin_args["GPUDevice"].typical_pods) == 6
+
+
+def test_sharded_run_counts_what_the_cluster_bound(ray_session, tmp_path):
+    """Two shards, waves of 4: every pod once, in submission order; the unplaced ones were found
+    unschedulable and deleted; the result is the tally of the bound pods' nodes and devices."""
+    from shardsched.bench import gpufrag_shards
+
+    pods = _pods(tmp_path)
+    out = tmp_path / "placements.jsonl"
+    r = gpufrag_shards.run_one(NODES, pods, "small", "fgd-bestfit", 7, shards=2, ray_address=None, wave=4,
+                               placements_out=str(out))
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    order = gpufrag.inflate(pods, 15 * 1000, 7)
+    assert [p["name"] for p in lines] == [p.name for p in order] and r.pods == len(order)
+    placed = [p for p in lines if p["node"] is not None]
+    assert r.placed == len(placed) and 0 < len(placed) < len(lines)  # 130% of the GPUs cannot all fit
+    for p in placed:
+        assert len(p["devices"]) == p["num_gpu"]
+    assert gpufrag.recompute(lines, NODES) == r.unallocated_pct
+    assert r.shards == 2 and r.wave == 4
+
+
 def test_cli_placements_need_one_seed():
     res = CliRunner().invoke(cli, ["bench", "gpu-frag", "--placements-out", "x.jsonl"])
     assert res.exit_code == 2 and "--placements-out needs --seed" in res.output

@@ -128,6 +128,9 @@ class RunResult:
     #: 1: decided in this process; more: through the sharded runtime, in waves of ``wave`` pods
     shards: int = 1
     wave: int = 0
+    #: through the runtime: pods deleted unplaced because they were neither bound nor found
+    #: unschedulable in time (`gpufrag_shards.STALL_TIMEOUT_S`)
+    stalled: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -377,7 +380,7 @@ def summarize(results: Sequence[RunResult]) -> dict:
     """Mean and sample standard deviation over seeds of each arrival point, and the paper's value."""
     first = results[0]
     out = {"pod_list": first.pod_list, "policy": first.policy, "seeds": [r.seed for r in results],
-           "shards": first.shards, "wave": first.wave,
+           "shards": first.shards, "wave": first.wave, "stalled": sum(len(r.stalled) for r in results),
            "decision_ms_mean": statistics.fmean(r.decision_ms_mean for r in results),
            "wall_s_total": sum(r.wall_s for r in results)}
     for key in first.unallocated_pct:

@@ -387,11 +387,19 @@ def _seed_range(ctx, param, value):
               help="With --seed: write one JSON line per pod in submission order (name, requests, node, devices).")
 @click.option("--nodes-file", type=click.Path(dir_okay=False, exists=True),
               help="Node list CSV (default: the 1,213 GPU nodes of openb_node_list_gpu_node.csv).")
+@click.option("--shards", type=click.IntRange(1), default=None,
+              help="Run through the sharded runtime with this many shards (simulated cluster, Redis ledger, "
+                   "coordinator), pods created in waves in submission order; without it the decisions are made "
+                   "in this process.")
+@click.option("--wave", type=click.IntRange(1), default=16, show_default=True,
+              help="With --shards: pods per wave; the next wave starts once each pod of this one is bound or "
+                   "unschedulable (then deleted, never retried).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the allocation curves as a PNG.")
 @click.option("--save-json", type=click.Path(dir_okay=False), help="Also write the JSON result to this file.")
 @click.option("-o", "--output", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
 def gpu_frag(pod_list: str, policy: str, seeds: list[int], seed: int | None, placements_out: str | None,
-             nodes_file: str | None, plot_path: str | None, save_json: str | None, output: str) -> None:
+             nodes_file: str | None, shards: int | None, wave: int, plot_path: str | None, save_json: str | None,
+             output: str) -> None:
     """Unallocated GPU at 100% and 130% of arrival, after Weng et al. (USENIX ATC '23).
 
     \b
@@ -413,9 +421,22 @@ def gpu_frag(pod_list: str, policy: str, seeds: list[int], seed: int | None, pla
     for line in skipped:
         click.echo(f"skipped {line}", err=True)
     problems: list[str] = []
-    results = [gpufrag.run_one(nodes, pods, pod_list, policy, s, placements_out if seed is not None else None,
-                               problems if i == 0 else None)
-               for i, s in enumerate([seed] if seed is not None else seeds)]
+    runs = [seed] if seed is not None else seeds
+    out = placements_out if seed is not None else None
+    if shards is None:
+        results = [gpufrag.run_one(nodes, pods, pod_list, policy, s, out, problems if i == 0 else None)
+                   for i, s in enumerate(runs)]
+    else:
+        from shardsched.bench import gpufrag_shards
+        from shardsched.bench.harness import RaySession
+
+        try:
+            with RaySession() as session:
+                results = [gpufrag_shards.run_one(nodes, pods, pod_list, policy, s, shards, session.address, wave, out,
+                                                  problems if i == 0 else None)
+                           for i, s in enumerate(runs)]
+        except RuntimeError as e:
+            _fail(e)
     for line in problems:
         click.echo(f"never placeable: {line}", err=True)
     summary = gpufrag.summarize(results)

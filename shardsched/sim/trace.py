@@ -183,20 +183,23 @@ def _read(path: str | Path, prepare: Callable[[list[str]], tuple[tuple[str, ...]
 
 
 def _node(row: dict[str, str]) -> tuple[str, dict]:
-    name = _object_name(row, "sn")
-    cpu, mem, gpu = _count(row, "cpu_milli"), _count(row, "memory_mib"), _count(row, "gpu")
-    model = _gpu_model(row, gpu)
-    resources = {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": str(NODE_MAX_PODS)}
-    if gpu:
-        resources[GPU_RESOURCE] = str(gpu)
-        resources[GPU_MILLI_RESOURCE] = str(gpu * 1000)
-    labels = {"kubernetes.io/hostname": name}
-    if model:
-        labels[GPU_MODEL_LABEL] = model
-    return name, {
+    name, node = _node_row(row)
+    return name, node_object(node)
+
+
+def node_object(node: "NodeRow", max_pods: int = NODE_MAX_PODS) -> dict:
+    """The Node dict of a trace node (module docstring), with allocatable ``pods: max_pods``."""
+    resources = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": str(max_pods)}
+    if node.gpu:
+        resources[GPU_RESOURCE] = str(node.gpu)
+        resources[GPU_MILLI_RESOURCE] = str(node.gpu * 1000)
+    labels = {"kubernetes.io/hostname": node.name}
+    if node.model:
+        labels[GPU_MODEL_LABEL] = node.model
+    return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": node.name, "labels": labels},
         "spec": {},
         "status": {"capacity": dict(resources), "allocatable": resources,
                    "conditions": [{"type": "Ready", "status": "True"}]},
@@ -303,9 +306,7 @@ def _gpu_resources(num_gpu: int, gpu_milli: int) -> dict[str, str]:
 
 def _pod_builder(namespace: str, scheduler_name: str, timed: bool) -> _Build:
     def build(row: dict[str, str]) -> tuple[str, TracePod]:
-        name = _object_name(row, "name")
-        cpu, mem = _count(row, "cpu_milli"), _count(row, "memory_mib")
-        gpus = _gpu_resources(_count(row, "num_gpu"), _count(row, "gpu_milli"))
+        name, pod_row = _pod_row(row)
         created, deleted = 0.0, None
         if timed:
             created = _seconds(row, "creation_time")
@@ -313,24 +314,30 @@ def _pod_builder(namespace: str, scheduler_name: str, timed: bool) -> _Build:
                 deleted = _seconds(row, "deletion_time")
                 if deleted < created:
                     raise _RowError(f"deletion_time {deleted:g} is before creation_time {created:g}")
-        resources: dict = {"requests": {"cpu": f"{cpu}m", "memory": f"{mem}Mi", **gpus}}
-        if gpus:
-            resources["limits"] = dict(gpus)
-        spec: dict = {
-            "schedulerName": scheduler_name,
-            "containers": [{"name": "main", "image": PAUSE_IMAGE, "resources": resources}],
-        }
-        models = _gpu_spec(row)
-        if models:
-            term = {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": list(models)}]}
-            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
-        meta: dict = {"name": name, "namespace": namespace}
+        pod = pod_object(pod_row, namespace, scheduler_name)
         qos = row.get("qos", "").strip()
         if qos:
-            meta["labels"] = {QOS_LABEL: _label_value(qos, "qos")}
-        return name, TracePod(created, deleted, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+            pod["metadata"]["labels"] = {QOS_LABEL: _label_value(qos, "qos")}
+        return name, TracePod(created, deleted, pod)
 
     return build
+
+
+def pod_object(pod: PodRow, namespace: str = "default", scheduler_name: str = SCHEDULER_NAME) -> dict:
+    """The Pod dict of a trace pod (module docstring): one container requesting its CPU, memory
+    and GPUs (`_gpu_resources`), its ``gpu_spec`` as required node affinity on the model label."""
+    gpus = _gpu_resources(pod.num_gpu, pod.gpu_milli)
+    resources: dict = {"requests": {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi", **gpus}}
+    if gpus:
+        resources["limits"] = dict(gpus)
+    spec: dict = {
+        "schedulerName": scheduler_name,
+        "containers": [{"name": "main", "image": PAUSE_IMAGE, "resources": resources}],
+    }
+    if pod.gpu_spec:
+        term = {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": list(pod.gpu_spec)}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": namespace}, "spec": spec}
 
 
 def load_pods(path: str | Path, namespace: str = "default",
