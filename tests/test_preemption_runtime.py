@@ -13,10 +13,11 @@ import pytest
 from shardsched.cluster import Forbidden, prepare_candidates
 from shardsched.config import load_config
 from shardsched.sim import SimCluster
+from shardsched.sharding.nominations import NominatedPods
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, Handoff
 from shardsched.store.ledger import BoundPod, NodeEntry, NominateItem, ReserveCode, ReserveItem
 
-from builders import pod
+from builders import node, pod, table_of
 from test_coordinator import World
 
 HIGH, LOW = 1000, 0
@@ -283,28 +284,34 @@ profiles:
 """)
 
 
-def test_a_pod_of_equal_priority_that_a_shard_tries_first_is_refused_the_room_by_the_ledger(ledger):
+def test_the_owner_shard_counts_a_nomination_so_a_pod_of_equal_priority_is_not_placed_there(ledger):
     """The preemptor backs off after its attempt (1 s) while a pod of the same priority (which may
-    not preempt) arrives and is tried first on the freed node: the shard's table sees the room, the
-    ledger's Reserve refuses it (the nomination counts for pods of equal priority), and the
-    preemptor binds there; without the nomination that pod would have taken the room and the
-    preemptor would have preempted again."""
+    not preempt) arrives and is tried first: the node's owner shard counts the nomination on the
+    freed node in its table (RunFilterPluginsWithNominatedPods), so it does not place that pod
+    there at all (no Reserve for the ledger to refuse), and the preemptor binds there; without the
+    nomination that pod would have taken the room and the preemptor would have preempted again."""
     world = World(ledger, n_nodes=1, shards=2, config=SLOW_BACKOFF)
     world.cluster.create_pods(low_pods(4))
     world.settle()
-    world.cluster.create_pods([high_pod()])
+    [high] = world.cluster.create_pods([high_pod()])
     world.coordinator.step()  # route
     for _ in range(3):
         for s in world.shards.values():
             s.step()
         world.coordinator.step()  # the round fails, the preemption deletes two pods
     assert world.coordinator.state.counters["preemptions"] == 1
+    [owner] = [s for s in world.shards.values() if s.table.num_nodes]
+    uid = high["metadata"]["uid"]
+    assert uid in owner.nominated and owner.table.node_of(uid) == "node-00000"
+    assert owner.table.requested_of("node-00000")["cpu"] == 4000  # 2 cpu left by the victims, 2 nominated
     world.cluster.create_pods([high_pod("peer", policy="Never")])
     settle_fully(world)
     pods = pods_by_name(world)
     assert pods["high"]["spec"].get("nodeName") == "node-00000"
     assert not pods["peer"]["spec"].get("nodeName")
-    assert sum(s.stats.reserve_failures for s in world.shards.values()) >= 1
+    assert sum(s.stats.reserve_failures for s in world.shards.values()) == 0
+    assert uid not in owner.nominated  # bound: counted as bound, no longer as nominated
+    assert owner.table.requested_of("node-00000")["cpu"] == 4000
     assert world.coordinator.state.counters["victims"] == 2
 
 
@@ -568,3 +575,28 @@ def test_shardsched_run_waits_for_a_preemptor_and_counts_every_pod_once(redis_se
     assert_invariants(data)
     assert_counted_once(data)
     assert data["pods_bound"] == 9 and data["pods_unschedulable"] == 0 and data["pods_pending"] == 0
+
+
+@pytest.mark.parametrize("priority, counted", [(HIGH - 1, True), (HIGH, True), (HIGH + 1, False)],
+                         ids=["lower-pod", "equal-pod", "higher-pod"])
+def test_a_shards_nominated_pods_count_only_for_pods_of_equal_or_lower_priority(priority, counted):
+    """`NominatedPods` in a shard's table, as upstream's RunFilterPluginsWithNominatedPods: a
+    nomination counts on its node for a pod of equal or lower priority, not for a higher one (for
+    which it is taken out until a pod that counts it comes); bound, it stays counted as bound."""
+    table = table_of(node("n", cpu="4"))
+    nominated = NominatedPods(table)
+    preemptor = high_pod("pre", cpu="3").info().nominated("n")
+    nominated.add(preemptor)
+    assert table.requested_of("n")["cpu"] == 3000
+    nominated.for_pod(high_pod("other", cpu="2", priority=priority).info())
+    assert table.requested_of("n").get("cpu", 0) == (3000 if counted else 0)
+    nominated.for_pod(high_pod("low", cpu="1", priority=LOW).info())
+    assert table.requested_of("n")["cpu"] == 3000  # counted again for a pod of lower priority
+    nominated.for_pod(high_pod("top", cpu="1", priority=HIGH + 5).info())
+    nominated.restore()
+    assert table.requested_of("n")["cpu"] == 3000
+    nominated.add(preemptor.nominated(""))  # the nomination cleared
+    assert table.requested_of("n").get("cpu", 0) == 0 and preemptor.uid not in nominated
+    nominated.add(preemptor)
+    nominated.forget(preemptor.uid)  # the watch shows it bound: the table's count is the bound pod's now
+    assert preemptor.uid not in nominated and table.requested_of("n")["cpu"] == 3000

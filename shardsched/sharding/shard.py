@@ -44,6 +44,7 @@ from shardsched.queue import (ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, N
                               QueuedPodInfo, SchedulingQueue)
 from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
 from shardsched.sharding.binding_cycle import MarkedBinds, ShardBinding
+from shardsched.sharding.nominations import NominatedPods
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, BindTarget, Handoff, Rebalancer
 from shardsched.store.ledger import Ledger
 
@@ -125,6 +126,8 @@ class Shard:
         self.options = options or ShardOptions()
         self.epoch = 0
         self.table = NodeTable()
+        #: preemptors waiting here for their nominated nodes, counted in the table (`NominatedPods`)
+        self.nominated = NominatedPods(self.table)
         # DefaultBinder's client: the cluster, its bind calls marked in the ledger (`MarkedBinds`)
         self.binds = MarkedBinds(self)
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(
@@ -215,6 +218,7 @@ class Shard:
         with self._lock:
             for usage, node in adds:
                 self._assumed.discard(usage.uid)  # confirmed: the table now counts the truth
+                self.nominated.forget(usage.uid)
                 self._drop_shadow(node)
                 self.table.add_pod(usage, node)
             for uid in removes:
@@ -231,7 +235,12 @@ class Shard:
 
     def accept(self, qpis: Sequence[QueuedPodInfo], unschedulable: bool = False) -> None:
         """Pods sent by the rebalancer: into backoffQ (retry), or into unschedulable pods when no shard
-        could place them (retried on cluster events or after podMaxInUnschedulablePodsDuration)."""
+        could place them (retried on cluster events or after podMaxInUnschedulablePodsDuration). A
+        pod with ``nominated_node_name`` on one of this shard's nodes (a preemptor waiting for its
+        victims) is counted there for the pods of equal or lower priority (`NominatedPods`)."""
+        with self._lock:
+            for qpi in qpis:
+                self.nominated.add(qpi.pod_info)
         for qpi in qpis:
             if unschedulable:
                 self.queue.add_unschedulable_if_not_present(qpi, backoff=False)
@@ -240,6 +249,10 @@ class Shard:
 
     def remove_pods(self, keys: Iterable[str]) -> None:
         """Pods deleted, bound by someone else, or moved to another shard."""
+        keys = list(keys)
+        with self._lock:
+            for key in keys:
+                self.nominated.remove_key(key)
         for key in keys:
             self.queue.delete(key)
 
@@ -261,6 +274,7 @@ class Shard:
                 self.table.remove_node(name)
             self._assumed.clear()
             self._shadow.clear()
+            self.nominated.clear()
             self.metrics.nodes.set(0)
         self.queue.drain()
 
@@ -302,9 +316,11 @@ class Shard:
         added shards take over, the last in queue order (`SchedulingQueue.drain`), so that this
         shard goes on with the pods it would pop next. Pods in flight stay here: they end bound,
         handed off, or back in this queue."""
-        if fraction >= 1.0:
-            return self.queue.drain()
-        return self.queue.drain(max_n=round(len(self.queue) * max(fraction, 0.0)))
+        out = self.queue.drain() if fraction >= 1.0 else self.queue.drain(max_n=round(len(self.queue) * max(fraction, 0.0)))
+        with self._lock:
+            for q in out:
+                self.nominated.remove(q.pod_info.uid)
+        return out
 
     def retire(self, timeout_s: float = 30.0) -> list[QueuedPodInfo]:
         """This shard is being removed: stop the loop, wait up to ``timeout_s`` for the batch in
@@ -367,7 +383,8 @@ class Shard:
         # another scheduler): done, as kube-scheduler skips assigned pods. Scheduling one again
         # would move its usage in the table and a failed bind would then forget it.
         with self._lock:
-            assigned = {q.key for q in batch if self.table.node_of(q.pod_info.uid) is not None}
+            assigned = {q.key for q in batch
+                        if q.pod_info.uid not in self.nominated and self.table.node_of(q.pod_info.uid) is not None}
         if assigned:
             for key in assigned:
                 self.queue.done(key)
@@ -400,16 +417,23 @@ class Shard:
         handoffs: list[Handoff] = []
         with self._lock:
             spent_before = {name: dict(s.duration_s) for name, s in self.schedulers.items()}
-            for q in leased:
-                pod = q.pod_info
-                result = self.schedulers.get(pod.scheduler_name, self.default_scheduler).schedule(pod)
-                if result.node is not None:
-                    self._assumed.add(pod.uid)
-                    placed.append((q, result.node))
-                else:
-                    d = result.status.diagnosis
-                    handoffs.append(Handoff(q, UNSCHEDULABLE_HERE, result.status.message,
-                                            dict(d.reasons) if d else {}, d.num_all_nodes if d else self.table.num_nodes))
+            try:
+                for q in leased:
+                    pod = q.pod_info
+                    # its own nomination leaves the table (handed back, the coordinator sends it again);
+                    # the others count when of equal or higher priority (RunFilterPluginsWithNominatedPods)
+                    self.nominated.remove(pod.uid)
+                    self.nominated.for_pod(pod)
+                    result = self.schedulers.get(pod.scheduler_name, self.default_scheduler).schedule(pod)
+                    if result.node is not None:
+                        self._assumed.add(pod.uid)
+                        placed.append((q, result.node))
+                    else:
+                        d = result.status.diagnosis
+                        handoffs.append(Handoff(q, UNSCHEDULABLE_HERE, result.status.message,
+                                                dict(d.reasons) if d else {}, d.num_all_nodes if d else self.table.num_nodes))
+            finally:
+                self.nominated.restore()
             for name, sched in self.schedulers.items():
                 for point, total_s in sched.duration_s.items():
                     if total_s > spent_before[name][point]:
