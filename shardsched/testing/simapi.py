@@ -281,6 +281,11 @@ class SimApiServer:
         with self._lock:
             self._faults.append(_Fault(method, re.compile(path_regex), query, status, action, times))
 
+    def clear_faults(self) -> None:
+        """Forget every fault of `fail` not used up yet: the requests are answered again."""
+        with self._lock:
+            self._faults.clear()
+
     def cut_watches(self) -> None:
         """Close every open watch connection (clients resume from their last resourceVersion)."""
         with self._lock:
