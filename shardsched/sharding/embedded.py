@@ -107,6 +107,9 @@ class EmbeddedRun:
         self.redis_url = redis_url
         self.cluster = self.feeder.cluster = self._new_cluster()
         self._actors.append(self.cluster.channel)
+        # the coordinator's process starts while the cluster's does (its constructor does not call
+        # the cluster; its start, which lists it, waits for the nodes below)
+        self._new_coordinator()
         self.cluster.create_nodes(self.nodes).wait(None)
         wait_all([self.cluster.put_spread_selector(obj) for obj in o.spread_selectors], None)
         wait_all([self.cluster.create_pod_group(obj) for obj in o.pod_groups], None)
@@ -177,10 +180,8 @@ class EmbeddedRun:
         `SimClusterHost`)."""
         return SimClusterClient(channel(sim_cluster_actor(seed=self.options.seed, faults=self.options.faults)))
 
-    def _start_coordinator(self, adopt: bool) -> None:
-        """Start a coordinator actor; with ``adopt``, one that takes over the shards of the previous
-        (dead) one. Shards are detached (`CoordinatorHost`), so they survive a coordinator's death;
-        `_stop` kills them."""
+    def _new_coordinator(self) -> None:
+        """Create the coordinator's actor (`self.coordinator`), not started yet."""
         o = self.options
         try:
             handle = coordinator_actor(self.config, self.redis_url, self.prefix, self.cluster.channel.target, o.shards,
@@ -190,6 +191,13 @@ class EmbeddedRun:
             raise RunError(str(e)) from None
         self.coordinator = CoordinatorClient(channel(handle))
         self._actors.append(self.coordinator.channel)
+
+    def _start_coordinator(self, adopt: bool) -> None:
+        """Start the coordinator actor created by `_new_coordinator`; with ``adopt``, a new one
+        (created here) that takes over the shards of the previous (dead) one. Shards are detached
+        (`CoordinatorHost`), so they survive a coordinator's death; `_stop` kills them."""
+        if adopt:
+            self._new_coordinator()
         try:
             self.coordinator.start(adopt).wait(None)
         except ShardschedError as e:  # its first list, the ledger's set-up in Redis, ... (MethodFailed: not ours)
