@@ -13,6 +13,7 @@ import pytest
 from shardsched.cluster import Forbidden, prepare_candidates
 from shardsched.config import load_config
 from shardsched.sim import SimCluster
+from shardsched.sharding.coordinator import rebalancer
 from shardsched.sharding.nominations import NominatedPods
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, Handoff
 from shardsched.store.ledger import BoundPod, NodeEntry, NominateItem, ReserveCode, ReserveItem
@@ -216,6 +217,40 @@ def test_the_preemptors_of_one_pass_are_decided_in_priority_order_with_disjoint_
     assert all(c.name != "p100" for batch in recorded.batches for c in batch)
     assert world.coordinator.state.counters["victims"] == 6
     assert world.cluster.invariants()["pods_bound"] == 4
+
+
+def test_a_pass_decides_the_preemptors_its_budget_allows_and_the_rest_first_at_the_next(ledger, monkeypatch):
+    """A rebalance pass holds the state lock: with no time budget left it still decides one
+    preemptor (the highest), and the others wait for the next pass instead of holding the lock
+    (the watch and the status calls need it) for all of them."""
+    class Clock:  # the rebalancer's clock, 0.1 s a reading: the budget runs out after the hand-offs
+        now = 0.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            cls.now += 0.1
+            return cls.now
+
+    monkeypatch.setattr(rebalancer, "REBALANCE_BUDGET_S", 0.25)
+    world = full_world(ledger)
+    recorded = _RecordedBatches(world.cluster)
+    world.coordinator.state.cluster.channel.target = recorded
+    world.cluster.create_pods([high_pod("p200", cpu="3", priority=200), high_pod("p300", cpu="3", priority=300)])
+    world.coordinator.poll_watch()
+    qpis = sorted((q for s in world.shards.values() for q in s.drain()), key=lambda q: q.pod_info.priority)
+    for q in qpis:
+        world.coordinator.state.pending[q.pod_info.uid].tried = {0, 1}
+    world.coordinator.handoff(0, [Handoff(q, UNSCHEDULABLE_HERE, "0/1 nodes are available: 1 Insufficient cpu.",
+                                          {"Insufficient cpu": 1}, 1) for q in qpis])
+    with monkeypatch.context() as m:
+        m.setattr(rebalancer, "time", Clock)
+        for _ in range(2):
+            with world.coordinator.state.lock:
+                assert world.coordinator.rebalancer.rebalance()
+    assert [[c.name for c in batch] for batch in recorded.batches] == [["p300"], ["p200"]]
+    settle_fully(world)
+    pods = pods_by_name(world)
+    assert pods["p300"]["spec"].get("nodeName") and pods["p200"]["spec"].get("nodeName")
 
 
 def test_victims_recreated_by_their_set_do_not_take_the_room_and_nothing_loops(ledger):

@@ -45,6 +45,9 @@ class Rebalancer:
         #: the gangs (`Gangs`): a member handed back goes there; None: no gangs
         self.gangs = None
         self._inbox: list[tuple[int, list[Handoff]]] = []
+        #: rounds that ended without a node, whose decision over the whole cluster (PostFilter
+        #: included) did not fit in the last call's budget: decided first at the next one
+        self._deferred: list[tuple[Tracked, QueuedPodInfo, np.ndarray | None, int]] = []
         self._inbox_lock = threading.Lock()
 
     def handoff(self, shard: int, items: list[Handoff]) -> None:
@@ -57,7 +60,7 @@ class Rebalancer:
         rest first at the next call); call with the state lock held. Returns whether there was any."""
         with self._inbox_lock:
             inbox, self._inbox = self._inbox, []
-        if not inbox:
+        if not inbox and not self._deferred:
             return False
         state = self.state
         forward: dict[int, list[PodInfo]] = defaultdict(list)
@@ -65,7 +68,7 @@ class Rebalancer:
         retry: dict[int, list] = defaultdict(list)
         deadline = time.monotonic() + REBALANCE_BUDGET_S
         later: list[tuple[int, list[Handoff]]] = []
-        decide: list[tuple[Tracked, QueuedPodInfo, np.ndarray | None, int]] = []
+        decide, self._deferred = self._deferred, []
         for shard, items in inbox:
             for k, h in enumerate(items):
                 if time.monotonic() > deadline:
@@ -131,9 +134,14 @@ class Rebalancer:
                 self._fail_round(t, h.qpi, result, static, shard, park, retry)
         # the pass's decisions over the whole cluster, PostFilter included, in queue order (kube's
         # PrioritySort; equal priorities in the order they were handed back), each seeing the
-        # victims and nominations of the ones before
+        # victims and nominations of the ones before; what the budget leaves, first at the next call
         decide.sort(key=lambda d: -d[1].pod_info.priority)
-        for t, qpi, static, shard in decide:
+        for k, (t, qpi, static, shard) in enumerate(decide):
+            if k and time.monotonic() > deadline:
+                self._deferred = decide[k:]
+                break
+            if state.pending.get(t.pod.uid) is not t:  # bound or deleted meanwhile
+                continue
             self._fail_round(t, qpi, None, static, shard, park, retry)
         if later:
             with self._inbox_lock:
