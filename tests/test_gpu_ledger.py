@@ -217,3 +217,34 @@ def test_two_shards_through_ray_bind_shares_per_device(redis_server, ray_session
     assert data["overcommitted_nodes"] == 0 and data["double_binds"] == 0 and data["lost_pods"] == 0
     assert report.invariants["overcommitted_devices"] == []
     assert all(s["bound"] > 0 for s in report.shard_snapshots)
+
+
+def test_the_coordinator_counts_a_bound_share_on_the_device_its_binder_chose(ledger):
+    """A share routed to a shard and bound on device 1 (the Binding's annotation) counts on device
+    1 in the coordinator's whole-cluster table and in the ledger's observe, not on the device the
+    table would pick for it (0, the first of two empty devices): with the wrong device the
+    coordinator sees room the shards do not have, and retries such a pod without end."""
+    from shardsched.sharding.calls import ClusterClient, Local
+    from shardsched.sharding.coordinator import Coordinator
+
+    cluster = SimCluster(seed=0)
+    cluster.create_nodes(gpu_nodes(1))
+    shards: dict[int, Shard] = {}
+
+    def new_shard(index, member):
+        from shardsched.sharding.calls import ShardClient
+        shards[index] = Shard(index, member, CONFIG, ledger, cluster, coordinator, ShardOptions(seed=0))
+        return ShardClient(Local(shards[index]))
+
+    coordinator = Coordinator(CONFIG, ledger, ClusterClient(Local(cluster)), new_shard, 1)
+    coordinator.start()
+    (obj,) = cluster.create_pods(share_pods(1, 600, "s-"))
+    coordinator.step()  # routed to the shard, which is not stepped: the test binds instead
+    uid = obj["metadata"]["uid"]
+    assert uid in coordinator.state.pending
+    cluster.bind("default", obj["metadata"]["name"], "node-00000", uid, {DEVICES_ANNOTATION: "1"})
+    coordinator.step()
+    assert coordinator.state.table.devices_of(uid) == (1,)
+    coordinator.ledger_sync.flush()
+    used = ledger.node_usage("node-00000").used
+    assert used.get(device_resource(1)) == 600 and not used.get(device_resource(0))
