@@ -815,3 +815,21 @@ def test_every_ledger_call_says_redis_is_away_as_a_temporary_error() -> None:
     for call in (lambda: away.mark_binding("shard-0@1", 1000), away.binding_count, away.flush):
         with pytest.raises(TemporaryError, match="Redis unavailable"):
             call()
+
+
+def test_a_volume_is_reserved_for_one_pod_at_a_time(ledger):
+    """reserve_volumes is all or none: a pod holding a PV refuses another pod every key of the
+    call (nothing of it is taken), its own retry renews; release gives up only its own keys, and a
+    reservation expires by its TTL (server time)."""
+    assert ledger.reserve_volumes("pod-a", ["pv/pv-1", "pvc/default/a"], 10_000) is None
+    assert ledger.reserve_volumes("pod-b", ["pvc/default/b", "pv/pv-1"], 10_000) == "pv/pv-1"
+    assert ledger.reserve_volumes("pod-b", ["pvc/default/b"], 10_000) is None  # its claim was not taken before
+    assert ledger.reserve_volumes("pod-a", ["pv/pv-1", "pvc/default/a"], 10_000) is None
+    assert ledger.release_volumes("pod-b", ["pv/pv-1", "pvc/default/b"]) == 1
+    assert ledger.release_volumes("pod-a", ["pv/pv-1", "pvc/default/a"]) == 2
+    assert ledger.release_volumes("pod-a", ["pv/pv-1"]) == 0
+    assert ledger.reserve_volumes("pod-c", ["pv/pv-2"], 50) is None
+    time.sleep(0.1)
+    assert ledger.reserve_volumes("pod-d", ["pv/pv-2"], 10_000) is None
+    with pytest.raises(ValueError):
+        ledger.reserve_volumes("pod-d", ["pv/pv-3"], 0)

@@ -31,6 +31,9 @@ key                        type    content
 ``P nom:<name>``           hash    pod uid -> a preemptor's nomination on the node
                                    ``[priority, requests, victim uids, expiry]`` (JSON,
                                    `nominate`): held against pods of lower or equal priority
+``P vol:<volume>``          string  uid of the pod whose binding chose the volume (``pv/<name>``
+                                   or ``pvc/<namespace>/<name>``), with a TTL
+                                   (`reserve_volumes`): a PV is reserved for one pod at a time
 ``P binding``              zset    shard id scored by the expiry (server ms) of its "binds in
                                    flight" mark (`mark_binding`), which the Event and condition
                                    writers of every process yield to
@@ -78,6 +81,7 @@ _SCRIPTS = (
     "lease_acquire", "lease_renew", "lease_release",
     "reserve", "permit", "commit", "release", "observe", "forget", "reconcile", "sweep",
     "binding_mark", "binding_any", "nominate", "nominate_renew", "unnominate", "gang_reserve",
+    "volume_reserve", "volume_release",
 )
 _OBSERVE_MOVED = 7  # observe.lua: the pod's reservation is on a node whose keys were not passed
 _OBSERVE_ATTEMPTS = 5
@@ -797,6 +801,31 @@ class Ledger:
             if target is not None and int(value):
                 target[field[2:]] = int(value)
         return usage
+
+    @_translate_errors
+    def reserve_volumes(self, uid: str, volumes: Sequence[str], ttl_ms: int) -> str | None:
+        """Reserve ``volumes`` (``pv/<name>``, ``pvc/<namespace>/<name>``) for the pod ``uid``
+        for ``ttl_ms`` ms (server time), all or none (volume_reserve.lua): two shards racing for one
+        PersistentVolume, or one claim, get it once. Renews what the pod holds already.
+
+        Returns: None when reserved, else the first volume another pod holds.
+        Raises: ``ValueError`` for a TTL below 1; `TemporaryError` when Redis is away.
+        """
+        if ttl_ms < 1:
+            raise ValueError(f"ttl_ms must be >= 1, got {ttl_ms}")
+        if not volumes:
+            return None
+        at = int(self._scripts["volume_reserve"](keys=[f"{self.prefix}vol:{v}" for v in volumes],
+                                                 args=[uid, int(ttl_ms)]))
+        return None if at == 0 else volumes[at - 1]
+
+    @_translate_errors
+    def release_volumes(self, uid: str, volumes: Sequence[str]) -> int:
+        """Give up the pod's reservations of ``volumes`` (those it holds; idempotent). Returns how
+        many were released."""
+        if not volumes:
+            return 0
+        return int(self._scripts["volume_release"](keys=[f"{self.prefix}vol:{v}" for v in volumes], args=[uid]))
 
     @_translate_errors
     def mark_binding(self, shard: str, ttl_ms: int, burst: bool = False) -> None:
