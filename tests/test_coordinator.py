@@ -632,3 +632,101 @@ def test_the_plain_coordinator_and_shard_import_without_ray():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------------------ volumes
+
+def storage_class(name: str, mode: str = "Immediate") -> dict:
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+            "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": mode}
+
+
+def volume(name: str, claim: str | None = None, *, labels: dict | None = None, node: str | None = None,
+           modes: tuple[str, ...] = ("ReadWriteOnce",), klass: str = "manual") -> dict:
+    """A 10Gi PersistentVolume, pre-bound to ``claim`` (the PV controller binds it), with ``labels``
+    and a node affinity to the hostname ``node``."""
+    spec: dict = {"capacity": {"storage": "10Gi"}, "accessModes": list(modes), "storageClassName": klass,
+                  "hostPath": {"path": f"/data/{name}"}}
+    if claim:
+        spec["claimRef"] = {"namespace": "default", "name": claim}
+    if node:
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name, "labels": labels or {}},
+            "spec": spec}
+
+
+def claim(name: str, klass: str = "manual", size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",)) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"storageClassName": klass, "accessModes": list(modes),
+                     "resources": {"requests": {"storage": size}}}}
+
+
+def claiming(prefix: str, claim_name: str, n: int = 1) -> list[dict]:
+    pods = uniform_pods(n, cpu="1", scheduler_name="shardsched", prefix=prefix)
+    for p in pods:
+        p["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]
+    return pods
+
+
+def node_of(world: World, name: str) -> str | None:
+    return world.cluster.get_pod("default", name)["spec"].get("nodeName")
+
+
+def test_the_shards_check_claims_with_kube_s_volume_rules(ledger):
+    """The coordinator lists the storage objects and every shard gets them: a pod whose claim is
+    bound to a PV labelled zone z1 lands in z1 (VolumeZone), one whose PV's node affinity names a
+    node lands there (VolumeBinding), on nodes of both shards; a ReadWriteOncePod claim binds on the
+    node the coordinator nominates; WaitForFirstConsumer claims take the local PVs, one each, on
+    their nodes, written through PreBind; an unbound Immediate claim, and a WaitForFirstConsumer
+    one left without a PV, are refused with kube's words."""
+    world = zoned_world(ledger)
+    for obj in (storage_class("manual"), storage_class("local", "WaitForFirstConsumer"),
+                volume("pv-zoned", "zoned", labels={ZONE: "z1"}), volume("pv-pinned", "pinned", node="node-00004"),
+                volume("pv-once", "once", modes=("ReadWriteOncePod",)),
+                *(volume(f"pv-local-{i}", node=f"node-{i:05d}", klass="local") for i in (0, 1, 5)),
+                claim("zoned"), claim("pinned"), claim("once", modes=("ReadWriteOncePod",)),
+                claim("immediate", size="100Gi"), *(claim(f"local-{i}", klass="local") for i in range(4))):
+        world.cluster.create_volume_object(obj)
+    assert world.cluster.claim_bound("default", "zoned") and not world.cluster.claim_bound("default", "immediate")
+    world.coordinator.poll_watch()
+    assert all(s.table.volumes is not None and "default/zoned" in s.table.volumes.pvcs for s in world.shards.values())
+    world.cluster.create_pods(claiming("zoned-", "zoned", 3) + claiming("pinned-", "pinned") + claiming(
+        "immediate-", "immediate") + claiming("once-", "once") + [
+        p for i in range(4) for p in claiming(f"local{i}-", f"local-{i}")])
+    world.settle(parked_ok=True)
+
+    assert zones_of(world, "zoned-") == {"z1": 3}
+    assert {world.coordinator.state.owners[node_of(world, f"zoned-{i:05d}")] for i in range(3)} == {0, 1}
+    assert node_of(world, "pinned-00000") == "node-00004"
+    assert node_of(world, "once-00000")
+    local = {i: node_of(world, f"local{i}-00000") for i in range(4)}
+    assert sorted(n for n in local.values() if n) == ["node-00000", "node-00001", "node-00005"]
+    for i, node in local.items():
+        if node:
+            pv = world.cluster.get_volume_object("PersistentVolumeClaim", f"local-{i}", "default")["spec"]["volumeName"]
+            assert pv == f"pv-local-{int(node[-1])}"
+    fail = " preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.."
+    assert world.coordinator.unschedulable_reasons() == {
+        "0/6 nodes are available: pod has unbound immediate PersistentVolumeClaims." + fail: 1,
+        "0/6 nodes are available: 6 node(s) didn't find available persistent volumes to bind." + fail: 1}
+
+
+def test_a_claim_bound_after_its_pod_came_lets_the_pod_bind(ledger):
+    """A pod whose claim does not exist yet is refused with kube's words; the claim and its PV
+    created later reach the shards through the watch, which move the pod back to the queue: it
+    binds on the PV's node. A shard replaced meanwhile and a relist keep the storage objects."""
+    world = zoned_world(ledger)
+    world.cluster.create_volume_object(storage_class("manual"))
+    world.cluster.create_pods(claiming("late-", "late"))
+    world.settle(parked_ok=True)
+    fail = " preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.."
+    assert world.coordinator.unschedulable_reasons() == {
+        '0/6 nodes are available: persistentvolumeclaim "late" not found.' + fail: 1}
+    world.cluster.create_volume_object(volume("pv-late", "late", node="node-00003"))
+    world.cluster.create_volume_object(claim("late"))
+    world.coordinator.replace_shard(world.coordinator.state.owners["node-00003"])
+    world.settle()
+    assert node_of(world, "late-00000") == "node-00003"
+    world.coordinator.relist()
+    assert all("pv-late" in s.table.volumes.pvs for s in world.shards.values())

@@ -187,9 +187,10 @@ def test_a_burst_s_summary_says_what_each_figure_measures_and_the_plot_agrees(re
 
 
 def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods_bind(redis_server):
-    """A PersistentVolumeClaim volume (VolumeBinding: not checked by the shards yet, which keep no
-    storage objects) and a resource claim (DynamicResources: not implemented, enabled in kube's
-    default profile): each pod is refused, not placed in breach; it is kept by the coordinator, counted unschedulable with a message naming the plugin,
+    """A PersistentVolumeClaim that does not exist (VolumeBinding, with the storage objects the
+    coordinator sends the shards: kube's words) and a resource claim (DynamicResources: not
+    implemented, enabled in kube's default profile): each pod is refused, not placed in breach; it is
+    kept by the coordinator, counted unschedulable with kube's message or one naming the plugin,
     and gets the PodScheduled=False condition and FailedScheduling Event. Required anti-affinity over hostnames is checked by the shards (the two
     replicas bind on two nodes); DoNotSchedule spread over hostnames, which no shard can check
     alone, binds on the nodes the coordinator nominates: one pod per node, on nodes of both shards."""
@@ -219,8 +220,7 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
         tracked = set(d.ask(d.coordinator.pending_keys))
 
     not_helpful = " preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling.."
-    message = ("0/4 nodes are available: pod has volumes that need volume binding (data), which shardsched "
-               "does not check in this runtime yet (plugin VolumeBinding)." + not_helpful)
+    message = '0/4 nodes are available: persistentvolumeclaim "data" not found.' + not_helpful
     dra_message = ("0/4 nodes are available: pod has resource claims of Dynamic Resource Allocation (gpu), which "
                    "shardsched does not implement (plugin DynamicResources)." + not_helpful)
     dra_key = f"default/{dra['metadata']['name']}"
@@ -235,6 +235,44 @@ def test_a_pod_whose_constraint_is_not_implemented_stays_pending_and_spread_pods
     [cond] = [c for c in pods["claim"]["status"]["conditions"] if c["type"] == "PodScheduled"]
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Unschedulable", message)
     assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in events)
+
+
+def test_claims_bind_through_the_sharded_runtime(redis_server):
+    """Four replicas, each with its own WaitForFirstConsumer claim, and three local PVs, one per
+    node of three of the four nodes (what a StatefulSet on local volumes looks like), through two
+    shard actors: three replicas bind, each on its PV's node with the PV bound to its claim (the
+    ledger gave each PV to one pod, PreBind wrote the claimRef), the fourth is unschedulable with
+    kube's words; a pod whose claim is bound to a PV labelled zone z1 lands in z1."""
+    from test_coordinator import claim, claiming, storage_class, volume
+
+    nodes = uniform_nodes(4, cpu="2")
+    for i, n in enumerate(nodes):
+        n["metadata"]["labels"]["topology.kubernetes.io/zone"] = f"z{i % 2}"
+    with Deployment(redis_url=redis_server.url, nodes=nodes, shards=2) as d:
+        for obj in (storage_class("local", "WaitForFirstConsumer"), storage_class("manual"),
+                    *(volume(f"pv-{i}", node=f"node-{i:05d}", klass="local") for i in range(3)),
+                    *(claim(f"data-{i}", klass="local") for i in range(4)),
+                    volume("pv-zoned", "zoned", labels={"topology.kubernetes.io/zone": "z1"}), claim("zoned")):
+            d.ask(d.cluster.create_volume_object, obj)
+        pods = [p for i in range(4) for p in claiming(f"web-{i}-", f"data-{i}")] + claiming("zoned-", "zoned")
+        for p in pods:
+            p["spec"]["schedulerName"] = SCHEDULER
+        d.create(pods)
+        status = d.wait_settled(timeout_s=60.0)
+        bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in d.ask(d.cluster.list_pods)[0]}
+        claims = {c["metadata"]["name"]: c["spec"].get("volumeName") for c in d.ask(d.cluster.list_pvcs)[0]}
+        reasons = d.ask(d.coordinator.unschedulable_reasons)
+        inv = d.ask(d.cluster.invariants)
+
+    placed = {i: bound[f"web-{i}-00000"] for i in range(4) if bound[f"web-{i}-00000"]}
+    assert len(placed) == 3 and status["unschedulable"] == 1
+    assert sorted(placed.values()) == ["node-00000", "node-00001", "node-00002"]
+    for i, node in placed.items():
+        assert claims[f"data-{i}"] == f"pv-{int(node[-1])}"
+    assert bound["zoned-00000"] in ("node-00001", "node-00003")
+    assert reasons == {"0/4 nodes are available: 4 node(s) didn't find available persistent volumes to bind. "
+                       "preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling..": 1}
+    assert inv["double_binds"] == 0 and inv["overcommitted_nodes"] == []
 
 
 # ------------------------------------------------------------------------------------ shard death

@@ -916,3 +916,71 @@ def test_a_replaced_incarnation_stays_fenced_after_reading_the_epoch(ledger):
     old.step()
     assert {h.reason for _, h in rebalancer.items} == {FENCED} and len(rebalancer.items) == 8
     assert bound_keys(cluster) == set() and old.stats.bound == 0
+
+
+# ------------------------------------------------------------------------------------------ volumes
+
+
+def storage_of(cluster: SimCluster) -> list[Any]:
+    """The cluster's storage objects as views (what the coordinator sends `Shard.apply_storage`)."""
+    from shardsched.cluster import STORAGE_KINDS, storage_changes
+
+    return storage_changes([("ADDED", kind, o) for kind in STORAGE_KINDS for o in cluster.list_storage(kind)[0]]).upserts
+
+
+def test_two_shards_choosing_one_pv_bind_it_once(ledger):
+    """Two shards own one node each; one local PV (no node affinity) is the only volume of its
+    WaitForFirstConsumer class, and each shard has a pod whose claim of that class is unbound. Both
+    shards' catalogs offer the PV; the ledger reserves it once: the first shard's pod binds it
+    (its claimRef written through PreBind), the second's Reserve is refused and rolled back (its
+    catalog, its ledger reservation, its node), the pod retried; once the second shard sees the PV
+    bound it reports kube's reason. Nothing is overcommitted, the PV is bound to one claim."""
+    cluster = SimCluster(seed=0)
+    cluster.create_nodes(uniform_nodes(2, cpu="2", memory="64Gi"))
+    cluster.create_volume_object({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                                  "metadata": {"name": "local"}, "provisioner": "kubernetes.io/no-provisioner",
+                                  "volumeBindingMode": "WaitForFirstConsumer"})
+    cluster.create_volume_object({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-shared"},
+                                  "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                                           "storageClassName": "local", "hostPath": {"path": "/data"}}})
+    pods = {}
+    for who in ("a", "b"):
+        cluster.create_volume_object({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                      "metadata": {"name": f"data-{who}", "namespace": "default"},
+                                      "spec": {"storageClassName": "local", "accessModes": ["ReadWriteOnce"],
+                                               "resources": {"requests": {"storage": "1Gi"}}}})
+        [pod] = uniform_pods(1, cpu="1", scheduler_name=SCHEDULER, prefix=f"{who}-")
+        pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": f"data-{who}"}}]
+        pods[who] = cluster.create_pods([pod])[0]
+    nodes, _ = cluster.list_nodes()
+    infos = [NodeInfo.from_object(n) for n in nodes]
+    ledger.upsert_nodes([NodeEntry(n.name, n.allocatable, m) for n, m in zip(infos, (A, B))])
+    ledger.set_owners({infos[0].name: A, infos[1].name: B}, EPOCH)
+    rebalancer = RecordingRebalancer()
+    shards = {}
+    for i, (who, member) in enumerate((("a", A), ("b", B))):
+        shard = Shard(i, member, CONFIG, ledger, cluster, rebalancer, ShardOptions(seed=0))
+        shard.set_epoch(EPOCH)
+        shard.apply_nodes([nodes[i]])
+        shard.apply_storage(storage_of(cluster), replace=True)
+        shard.add_pods([PodInfo.from_object(pods[who])])
+        shards[who] = shard
+
+    assert shards["a"].step() == 1  # Reserve (the PV in the ledger), PreBind, Bind
+    assert bound_keys(cluster) == {"default/a-00000"}
+    assert cluster.get_volume_object("PersistentVolumeClaim", "data-a", "default")["spec"]["volumeName"] == "pv-shared"
+    assert shards["b"].step() == 1  # its catalog still offers the PV: the ledger refuses it
+    [q] = shards["b"].queue.pods()
+    assert q.last_failure_reason == 'PersistentVolume "pv-shared" was chosen for another pod (the ledger\'s check)'
+    catalog_b = shards["b"].table.volumes
+    assert catalog_b.pvs["pv-shared"].claim_ref is None and catalog_b.pvcs["default/data-b"].volume_name == ""
+    assert shards["b"].table.requested_of("node-00001") == {}
+    assert ledger.release_volumes(pods["b"]["metadata"]["uid"], ["pv/pv-shared", "pvc/default/data-b"]) == 0
+
+    shards["b"].apply_storage(storage_of(cluster), replace=True)  # the watch: the PV is bound now
+    drive([shards["b"]], lambda: bool(rebalancer.items))
+    [h] = rebalancer.by_reason(UNSCHEDULABLE_HERE)
+    assert h.reasons == {"node(s) didn't find available persistent volumes to bind": 1}
+    assert cluster.get_volume_object("PersistentVolumeClaim", "data-b", "default")["spec"].get("volumeName") is None
+    assert_cluster_safe(cluster)
+    assert_ledger_matches_cluster(ledger, cluster)

@@ -495,6 +495,47 @@ class VolumeCatalog:
         self.invalid_pvs[name] = error
         self.generation += 1
 
+    def apply(self, upserts: Iterable[Any] = (), removed: Iterable[tuple[str, str]] = (),
+              invalid_pvs: Mapping[str, str] | None = None, replace: bool = False) -> bool:
+        """Views created or changed, (kind, key) of objects deleted, PVs that could not be parsed
+        (name -> error); with ``replace`` these are the whole set (a relist: every other object,
+        and every assumption, is dropped). A view equal to the one held changes nothing.
+
+        Returns: True if anything changed (``generation`` moved).
+        """
+        before = self.generation
+        if replace:
+            tables = {kind: {} for kind in KINDS}
+            for view in upserts:
+                tables[_KIND_OF[type(view)]][view.key] = view
+            invalid = dict(invalid_pvs or {})
+            current = {kind: self._table(kind) for kind in KINDS}
+            if tables != current or invalid != self.invalid_pvs or self._assumed:
+                self.pvs, self.pvcs, self.classes = tables[PV], tables[PVC], tables[STORAGE_CLASS]
+                self.csi_nodes, self.capacities = tables[CSI_NODE], tables[CSI_STORAGE_CAPACITY]
+                self.invalid_pvs = invalid
+                self._assumed.clear()
+                self.generation += 1
+            return self.generation != before
+        for view in upserts:
+            kind = _KIND_OF[type(view)]
+            if self._table(kind).get(view.key) != view or (kind, view.key) in self._assumed \
+                    or (kind == PV and view.name in self.invalid_pvs):
+                self.put(view)
+        for kind, key in removed:
+            if key in self._table(kind) or (kind, key) in self._assumed or (kind == PV and key in self.invalid_pvs):
+                self.remove(kind, key)
+        for name, error in (invalid_pvs or {}).items():
+            if self.invalid_pvs.get(name) != error:
+                self._assumed.pop((PV, name), None)
+                self.put_invalid_pv(name, error)
+        return self.generation != before
+
+    def views(self) -> list[Any]:
+        """Every view held, in `KINDS` order (with `invalid_pvs`, what `apply` with ``replace``
+        needs to rebuild this catalog elsewhere; assumptions included as they stand)."""
+        return [view for kind in KINDS for view in self._table(kind).values()]
+
     def default_class(self) -> str | None:
         """The default StorageClass (the newest-named one, when several are marked), or None."""
         marked = sorted(c.name for c in self.classes.values() if c.is_default)

@@ -322,7 +322,8 @@ def serve(**kw) -> None:
             sys.exit(EXIT_CONFIG)
         log.info("serving /metrics, /healthz, /readyz on %s:%d", kw["metrics_address"], server.server_address[1])
 
-    probe = KubeCluster(spec, names, pod_groups=config.enables("Coscheduling"))
+    probe = KubeCluster(spec, names, pod_groups=config.enables("Coscheduling"),
+                        watch_storage=config.watches_storage())
     elector = None
     if leader_elect:
         from shardsched.kube.leader import LeaderElector

@@ -9,6 +9,7 @@ from shardsched.cluster.disruption import apply_pdb_events
 from shardsched.cluster.preemption import Candidate, CandidateResult, Victim, prepare_candidate, prepare_candidates
 from shardsched.cluster.podgroups import apply_pod_group_events
 from shardsched.cluster.spread import spread_selector_changes
+from shardsched.cluster.storage import StorageChanges, storage_changes
 from shardsched.cluster.errors import (
     AlreadyExists,
     ApiError,
@@ -60,6 +61,7 @@ __all__ = [
     "NotFound",
     "PerProcessBackend",
     "ServerError",
+    "StorageChanges",
     "Timeout",
     "Victim",
     "WatchEvent",
@@ -70,4 +72,5 @@ __all__ = [
     "prepare_candidates",
     "read_event_log",
     "spread_selector_changes",
+    "storage_changes",
 ]

@@ -105,6 +105,26 @@ class ClusterBackend(Protocol):
         ``claim_bound``)."""
         ...
 
+    def get_capabilities(self) -> Capabilities:
+        """The backend's `capabilities`, as a call: what a caller in another process (a Ray
+        actor's client) reads to know, e.g., whether the storage kinds are served."""
+        ...
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        """VolumeBinding's PreBind write of a static binding: the PV's ``spec.claimRef``
+        (`shardsched.framework.interface.VolumeClient`); a backend serving `STORAGE_KINDS`."""
+        ...
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        """VolumeBinding's PreBind write for provisioning: the claim's
+        ``volume.kubernetes.io/selected-node``; a backend serving `STORAGE_KINDS`."""
+        ...
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """Whether the claim is bound (``volumeName`` and the PV controller's bind-completed
+        annotation), as this backend knows it; a backend serving `STORAGE_KINDS`."""
+        ...
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
                      limit: int | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at

@@ -8,6 +8,9 @@ from shardsched.config.args import PluginArgs
 from shardsched.config.registry import EXTENSION_POINTS, SCORE, PluginRef
 from shardsched.config.schema import ClientConnection, LeaderElection
 
+#: the plugins that read the cluster's storage objects (`SchedulerConfiguration.watches_storage`)
+VOLUME_PLUGINS = ("VolumeRestrictions", "NodeVolumeLimits", "VolumeBinding", "VolumeZone")
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -90,6 +93,11 @@ class SchedulerConfiguration:
         """Whether some profile enables ``plugin`` at some extension point (``Coscheduling``: the
         PodGroups must be watched)."""
         return any(r.name == plugin for p in self.profiles for refs in p.plugins.values() for r in refs)
+
+    def watches_storage(self) -> bool:
+        """Whether some profile enables a volume plugin (`VOLUME_PLUGINS`): the cluster's storage
+        objects must then be watched (`shardsched.kube.cluster.KubeCluster`'s ``watch_storage``)."""
+        return any(self.enables(name) for name in VOLUME_PLUGINS)
 
     def profile_for(self, scheduler_name: str) -> Profile | None:
         """The profile of ``scheduler_name`` (a pod's ``spec.schedulerName``), or None: not our pod."""

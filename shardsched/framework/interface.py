@@ -308,6 +308,23 @@ class VolumeClient(Protocol):
         ...
 
 
+class VolumeReservations(Protocol):
+    """Where the sharded runtime arbitrates the volumes VolumeBinding's Reserve chose between
+    shards (the Redis ledger, `shardsched.store.Ledger.reserve_volumes`): a PersistentVolume, or a
+    claim, reserved for one pod at a time."""
+
+    def reserve_volumes(self, uid: str, volumes: Sequence[str]) -> str | None:
+        """Reserve ``volumes`` (``pv/<name>``, ``pvc/<namespace>/<name>``) for pod ``uid``, all or
+        none: None when reserved, else the first one another pod holds. Raises `TemporaryError`
+        when the arbiter is away."""
+        ...
+
+    def release_volumes(self, uid: str, volumes: Sequence[str]) -> None:
+        """Give up the pod's reservations (idempotent); never raises for an infrastructure fault
+        (they expire)."""
+        ...
+
+
 class WaitingPod:
     """A pod held at Permit (upstream ``framework.WaitingPod``): it binds when every plugin that
     answered Wait allows it, and is rejected by the first rejection or timeout.
@@ -372,16 +389,20 @@ class Handle:
             listers), kept current by whoever holds the cluster's view.
         volume_client: where VolumeBinding's PreBind writes (`VolumeClient`), or None where
             nothing is written (``simulate``: the assumed bindings stand for the writes).
+        volume_reservations: where VolumeBinding's Reserve has its volume choices arbitrated
+            between shards (`VolumeReservations`), or None where one scheduler decides alone.
         table: the node view the scheduling cycles decide over (kube's snapshot lister), for the
             binding-cycle points that read it (VolumeBinding's Reserve); set by whoever builds the
             schedulers over it.
     """
 
     def __init__(self, client: BindClient | None = None, pod_groups: PodGroupCache | None = None,
-                 volume_client: VolumeClient | None = None) -> None:
+                 volume_client: VolumeClient | None = None,
+                 volume_reservations: VolumeReservations | None = None) -> None:
         self.client = client
         self.pod_groups = pod_groups if pod_groups is not None else PodGroupCache()
         self.volume_client = volume_client
+        self.volume_reservations = volume_reservations
         self.table: NodeTable | None = None
         self._waiting: dict[str, WaitingPod] = {}
         self._lock = threading.Lock()

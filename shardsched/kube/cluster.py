@@ -303,6 +303,11 @@ class KubeCluster:
         return self.list_storage(CSI_STORAGE_CAPACITY)
 
     # ------------------------------------------------------------------ VolumeBinding's writes
+    def get_capabilities(self) -> Capabilities:
+        """This copy's `capabilities` (the storage kinds with ``watch_storage``, the PodGroups
+        with ``pod_groups``), as a call (`shardsched.cluster.ClusterBackend.get_capabilities`)."""
+        return self.capabilities
+
     def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
         """Set a PV's ``spec.claimRef`` (a merge patch of ``persistentvolumes``), synchronously, as
         upstream's ``bindAPIUpdate`` updates it; the PV controller binds the claim.

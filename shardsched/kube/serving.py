@@ -147,7 +147,8 @@ class KubeRuntime:
 
         if self.cluster is None:
             self.cluster = KubeCluster(self.spec, self.names, watch_timeout_s=self.options.watch_timeout_s,
-                                       pod_groups=self.config.enables("Coscheduling"))
+                                       pod_groups=self.config.enables("Coscheduling"),
+                                       watch_storage=self.config.watches_storage())
         if isinstance(self.cluster, KubeCluster):
             self.cluster.start()
             if self.options.shard_options.binding_cycles > 0:  # every shard's binding cycles share it
@@ -198,7 +199,8 @@ class KubeRuntime:
         if self.coordinator is None:
             cluster = KubeCluster(self.spec, self.names, bind_share=1.0 / self.options.shards,
                                   watch_timeout_s=self.options.watch_timeout_s,
-                                  pod_groups=self.config.enables("Coscheduling"))
+                                  pod_groups=self.config.enables("Coscheduling"),
+                                  watch_storage=self.config.watches_storage())
             self.coordinator = serve_coordinator_actor(
                 self.config, self.redis_url, self.prefix, cluster, self.options.shards, self.options.shard_options,
                 self.options.shard_num_cpus, autoscaler=self.options.autoscaler)

@@ -59,13 +59,14 @@ REGISTRY: dict[str, Factory] = {
     coscheduling.NAME: coscheduling.new,
 }
 
-#: plugins whose Filter needs every node of the cluster and its pods; their factories also take
+#: plugins whose Filter needs every node of the cluster and its pods (VolumeRestrictions: for a
+#: ReadWriteOncePod claim); their factories also take
 #: ``partial_view`` (a shard's table holds only its own nodes; see each plugin's docstring)
-CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME, coscheduling.NAME})
+CLUSTER_WIDE = frozenset({podtopologyspread.NAME, interpodaffinity.NAME, coscheduling.NAME, volumerestrictions.NAME})
 
 #: plugins whose factories also take the framework's `Handle` (the cluster client, the pods waiting
 #: at Permit), as upstream factories take ``framework.Handle``
-WITH_HANDLE = frozenset({defaultbinder.NAME, coscheduling.NAME, volumebinding.NAME})
+WITH_HANDLE = frozenset({defaultbinder.NAME, coscheduling.NAME, volumebinding.NAME, volumerestrictions.NAME})
 
 #: the in-tree plugins, the stand-ins of the unimplemented ones (`shardsched.plugins.unimplemented`)
 IN_TREE = Registry(REGISTRY, CLUSTER_WIDE, WITH_HANDLE,

@@ -61,6 +61,9 @@ NAMESPACE_UPDATE = "NamespaceUpdate"
 #: a Service, ReplicationController, ReplicaSet or StatefulSet changed (a pod's default spread
 #: constraints may count other pods now)
 SPREAD_SELECTOR_UPDATE = "SpreadSelectorUpdate"
+#: a PersistentVolume, claim, StorageClass, CSINode or CSIStorageCapacity changed (upstream's
+#: PvAdd, PvcUpdate, StorageClassAdd, CSINodeUpdate, ... in one; a volume may fit now)
+STORAGE_UPDATE = "StorageUpdate"
 
 DEFAULT_POD_INITIAL_BACKOFF_S = 1.0
 DEFAULT_POD_MAX_BACKOFF_S = 10.0

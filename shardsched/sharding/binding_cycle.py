@@ -235,6 +235,43 @@ class MarkedBinds:
             log.debug("shard %s: binds-in-flight mark not written: %s", self.shard.member, e)
 
 
+class ShardVolumes:
+    """VolumeBinding's `VolumeClient` and `VolumeReservations` in a shard: the PreBind writes go
+    to the shard's cluster; whether a claim is bound is read from the shard's catalog (the
+    coordinator forwards the watch's storage events to it: a backend copy in the shard's process
+    watches nothing), or asked of the cluster; the volumes chosen at Reserve are reserved in the ledger for
+    ``ShardOptions.reservation_ttl_ms`` (`shardsched.store.Ledger.reserve_volumes`)."""
+
+    def __init__(self, shard: "Shard") -> None:
+        self.shard = shard
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        self.shard.cluster.bind_volume(pv_name, namespace, claim, claim_uid)
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        self.shard.cluster.set_selected_node(namespace, claim, node)
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """The claim as the shard's catalog has it from the watch (``volumeName`` set and the PV
+        controller's bind-completed annotation; an assumption has no annotation), else as the
+        cluster answers (the simulated cluster knows at once; a backend copy that watches
+        nothing answers False)."""
+        catalog = self.shard.table.volumes
+        view = catalog.claim(namespace, claim) if catalog is not None else None
+        if view is not None and view.volume_name and view.bind_completed:
+            return True
+        return self.shard.cluster.claim_bound(namespace, claim)
+
+    def reserve_volumes(self, uid: str, volumes: Sequence[str]) -> str | None:
+        return self.shard.ledger.reserve_volumes(uid, volumes, self.shard.options.reservation_ttl_ms)
+
+    def release_volumes(self, uid: str, volumes: Sequence[str]) -> None:
+        try:
+            self.shard.ledger.release_volumes(uid, volumes)
+        except TemporaryError as e:  # they expire on their own (TTL)
+            log.warning("shard %s: volume reservations of %s not released (%s); they expire", self.shard.member, uid, e)
+
+
 @dataclass(slots=True)
 class Batch:
     """The pods of one binding cycle: ``qpis[i]`` placed on ``nodes[i]``, under ``cycle``."""

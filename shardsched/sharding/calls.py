@@ -20,7 +20,8 @@ from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence
 from shardsched.api.objects import PodInfo
 from shardsched.api.workloads import WorkloadKey, WorkloadSelector
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import Binding, BindResult, Candidate, CandidateResult, ClusterBackend, WatchEvent
+from shardsched.cluster import (Binding, BindResult, Candidate, CandidateResult, Capabilities, ClusterBackend,
+                                WatchEvent)
 from shardsched.errors import TemporaryError
 from shardsched.queue import QueuedPodInfo
 from shardsched.sharding.protocols import Handoff
@@ -141,6 +142,8 @@ class ShardAPI(Protocol):
                          replace: bool = False) -> None: ...
     def apply_spread_selectors(self, upserts: Iterable[WorkloadSelector] = (), removed: Iterable[WorkloadKey] = (),
                                replace: bool = False) -> None: ...
+    def apply_storage(self, upserts: Iterable[Any] = (), removed: Iterable[tuple[str, str]] = (),
+                      invalid_pvs: Mapping[str, str] | None = None, replace: bool = False) -> None: ...
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None: ...
     def apply_bound(self, adds: Iterable[tuple[PodUsage, str]] = (), removes: Iterable[str] = ()) -> None: ...
     def add_pods(self, pods: Sequence[PodInfo]) -> None: ...
@@ -174,6 +177,10 @@ class ShardClient:
     def apply_spread_selectors(self, upserts: Iterable[WorkloadSelector], removed: Iterable[WorkloadKey],
                                replace: bool) -> Reply[None]:
         return self.channel.send(ShardAPI.apply_spread_selectors, upserts, removed, replace)
+
+    def apply_storage(self, upserts: Iterable[Any], removed: Iterable[tuple[str, str]],
+                      invalid_pvs: Mapping[str, str], replace: bool) -> Reply[None]:
+        return self.channel.send(ShardAPI.apply_storage, upserts, removed, invalid_pvs, replace)
 
     def apply_nodes(self, upserts: Iterable[dict], removals: Iterable[str]) -> Reply[None]:
         return self.channel.send(ShardAPI.apply_nodes, upserts, removals)
@@ -346,6 +353,21 @@ class ClusterClient:
     def list_spread_selectors(self) -> Reply[tuple[list[dict], int]]:
         return self.channel.send(ClusterBackend.list_spread_selectors)
 
+    def list_storage(self, kind: str) -> Reply[tuple[list[dict], int]]:
+        return self.channel.send(ClusterBackend.list_storage, kind)
+
+    def get_capabilities(self) -> Reply[Capabilities]:
+        return self.channel.send(ClusterBackend.get_capabilities)
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> Reply[None]:
+        return self.channel.send(ClusterBackend.bind_volume, pv_name, namespace, claim, claim_uid)
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> Reply[None]:
+        return self.channel.send(ClusterBackend.set_selected_node, namespace, claim, node)
+
+    def claim_bound(self, namespace: str, claim: str) -> Reply[bool]:
+        return self.channel.send(ClusterBackend.claim_bound, namespace, claim)
+
     def events_since(self, rv: int | str, kinds: Iterable[str] | None,
                      limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:
         return self.channel.send(ClusterBackend.events_since, rv, kinds, limit)
@@ -438,3 +460,12 @@ class ClusterBinds:
 
     def bind_many(self, bindings: Sequence[Binding | tuple]) -> list[BindResult]:
         return self.cluster.bind_many(bindings).wait(self.timeout_s)
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        self.cluster.bind_volume(pv_name, namespace, claim, claim_uid).wait(self.timeout_s)
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        self.cluster.set_selected_node(namespace, claim, node).wait(self.timeout_s)
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        return self.cluster.claim_bound(namespace, claim).wait(self.timeout_s)

@@ -11,14 +11,26 @@ from shardsched.queue import QueuedPodInfo
 
 
 class BindTarget(Protocol):
-    """The cluster as a shard sees it: batched binds (the API server's ``pods/binding``), and the
-    backend's ``gate`` (`shardsched.cluster.WriteGate`, or None) its binds are marked in."""
+    """The cluster as a shard sees it: batched binds (the API server's ``pods/binding``),
+    VolumeBinding's PreBind writes, and the backend's ``gate`` (`shardsched.cluster.WriteGate`, or None) its binds are marked in."""
 
     gate: WriteGate | None
 
     def bind_many(self, bindings: Sequence[tuple[str, str, str, str]]) -> list[Any]:
         """(namespace, name, node, uid) per pod -> one result per pod with ``.code`` (201 bound, 404,
         409, 500, 504) and ``.message``; never raises for one item."""
+        ...
+
+    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
+        """VolumeBinding's PreBind write of a PV's ``claimRef`` (`shardsched.cluster.ClusterBackend`)."""
+        ...
+
+    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
+        """VolumeBinding's PreBind write of a claim's ``volume.kubernetes.io/selected-node``."""
+        ...
+
+    def claim_bound(self, namespace: str, claim: str) -> bool:
+        """Whether the cluster shows the claim bound (False where this copy does not know)."""
         ...
 
 

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from shardsched.api.objects import NodeInfo, PodInfo
+from shardsched.api.volumes import VolumeCatalog
 from shardsched.api.workloads import WorkloadKey, WorkloadSelector
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.config import SchedulerConfiguration
@@ -41,9 +42,9 @@ from shardsched.errors import TemporaryError
 from shardsched.framework.interface import Handle
 from shardsched.metrics import UNSCHEDULABLE, ShardMetrics
 from shardsched.queue import (ASSIGNED_POD_DELETE, NAMESPACE_UPDATE, NODE_ADD, NODE_UPDATE, SPREAD_SELECTOR_UPDATE,
-                              QueuedPodInfo, SchedulingQueue)
+                              STORAGE_UPDATE, QueuedPodInfo, SchedulingQueue)
 from shardsched.scheduler.algorithm import GenericScheduler, build_schedulers
-from shardsched.sharding.binding_cycle import MarkedBinds, ShardBinding
+from shardsched.sharding.binding_cycle import MarkedBinds, ShardBinding, ShardVolumes
 from shardsched.sharding.nominations import NominatedPods
 from shardsched.sharding.protocols import UNSCHEDULABLE_HERE, BindTarget, Handoff, Rebalancer
 from shardsched.store.ledger import Ledger
@@ -130,8 +131,10 @@ class Shard:
         self.nominated = NominatedPods(self.table)
         # DefaultBinder's client: the cluster, its bind calls marked in the ledger (`MarkedBinds`)
         self.binds = MarkedBinds(self)
+        volumes = ShardVolumes(self)  # VolumeBinding's PreBind writes and the ledger's arbitration of PVs
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(
-            config, self.table, self.options.seed, partial_view=True, handle=Handle(self.binds))
+            config, self.table, self.options.seed, partial_view=True,
+            handle=Handle(self.binds, volume_client=volumes, volume_reservations=volumes))
         self.default_scheduler = next(iter(self.schedulers.values()))
         qs = self.default_scheduler.framework.queue_sort
         self.queue = SchedulingQueue(
@@ -196,6 +199,21 @@ class Shard:
             changed = self.table.set_spread_selectors(upserts, removed, replace)
         if changed:
             self.queue.move_all_to_active_or_backoff_queue(SPREAD_SELECTOR_UPDATE)
+
+    def apply_storage(self, upserts: Iterable[Any] = (), removed: Iterable[tuple[str, str]] = (),
+                      invalid_pvs: Mapping[str, str] | None = None, replace: bool = False) -> None:
+        """The cluster's storage objects, as `shardsched.cluster.StorageChanges` parts: views
+        created or changed, (kind, key) deleted, PVs that could not be parsed (name -> error); or
+        with ``replace`` the whole set (`VolumeCatalog.apply`). The first call gives the table its
+        `VolumeCatalog` (before it, the volume plugins hold the pods that need one). A change moves
+        the unschedulable pods back to the queues (a claim may be bound now, a volume fit)."""
+        with self._lock:
+            if self.table.volumes is None:
+                self.table.volumes = VolumeCatalog()
+                replace = True
+            changed = self.table.volumes.apply(upserts, removed, invalid_pvs, replace)
+        if changed:
+            self.queue.move_all_to_active_or_backoff_queue(STORAGE_UPDATE)
 
     def apply_nodes(self, upserts: Iterable[dict] = (), removals: Iterable[str] = ()) -> None:
         """Add/update nodes this shard owns (Node objects as dicts) and drop nodes it lost."""

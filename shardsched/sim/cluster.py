@@ -319,6 +319,10 @@ class SimCluster:
         with self._locked():
             return list(self._spread_objects.values()), self._rv
 
+    def get_capabilities(self) -> Capabilities:
+        """`capabilities`, as a call (`shardsched.cluster.ClusterBackend.get_capabilities`)."""
+        return self.capabilities
+
     def list_storage(self, kind: str) -> tuple[list[dict], int]:
         """All objects of one storage kind (`shardsched.cluster.STORAGE_KINDS`) and the
         resourceVersion to watch from."""

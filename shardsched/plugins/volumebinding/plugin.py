@@ -36,8 +36,17 @@ second, until every claim is bound or ``bindTimeoutSeconds`` pass (``binding vol
 waiting for the condition``); without a volume client (``simulate``) the assumption stands for the
 write.
 
-Without a `VolumeCatalog` in the table (the sharded runtime keeps none yet), a pod with claims is
-held (UnschedulableAndUnresolvable) rather than placed without the check.
+In the sharded runtime the handle's `VolumeReservations` (the Redis ledger) arbitrates between the
+shards, which each assume in their own catalog: Reserve also reserves there every PV it chose and
+every claim it binds (``pv/<name>``, ``pvc/<namespace>/<name>``), all or none, so that two shards
+never bind one PV for two claims (nor one claim twice); a choice another pod holds is refused
+(Unschedulable: ``PersistentVolume "<name>" was chosen for another pod (the ledger's check)``, the
+pod retried after a backoff, by when its shard's catalog shows the PV bound), and Unreserve releases
+them. After PreBind the reservations are left to expire, covering the time the watch takes to show
+the PV bound to every shard.
+
+Without a `VolumeCatalog` in the table (a shard whose cluster does not serve the storage kinds), a
+pod with claims is held (UnschedulableAndUnresolvable) rather than placed without the check.
 """
 
 from __future__ import annotations
@@ -181,6 +190,11 @@ def _decide(table: NodeTable, catalog: VolumeCatalog, claims: _Claims, idx: Inde
     return d
 
 
+def _volume_key(kind: str, key: str) -> str:
+    """The name `VolumeReservations` arbitrates a PV (``pv/<name>``) or claim (``pvc/<ns>/<name>``) by."""
+    return f"{'pv' if kind == PV else 'pvc'}/{key}"
+
+
 class VolumeBinding(FilterPlugin, ReservePlugin, PreBindPlugin):
     """See the module docstring. ``clock`` and ``sleep`` are injectable for PreBind's wait."""
 
@@ -245,23 +259,46 @@ class VolumeBinding(FilterPlugin, ReservePlugin, PreBindPlugin):
         for claim, (candidates, pick) in zip(claims.delayed, d.picks):
             if pick[0] >= 0:
                 pv = candidates[int(pick[0])]
-                catalog.assume_binding(pv.name, claim)
                 keys += [(PV, pv.name), (PVC, claim.key)]
                 writes.append(("bind", pv.name, claim))
             else:
-                catalog.assume_provisioning(claim, node)
                 keys.append((PVC, claim.key))
                 writes.append(("provision", node, claim))
+        held = self._arbitrate(pod, keys)
+        if held is not None:
+            kind, name = held
+            what = f'PersistentVolume "{name}"' if kind == PV else f'PersistentVolumeClaim "{name}"'
+            return Status.unschedulable(f"{what} was chosen for another pod (the ledger's check)", plugin=NAME)
+        for what, target, claim in writes:
+            if what == "bind":
+                catalog.assume_binding(target, claim)
+            else:
+                catalog.assume_provisioning(claim, target)
         self._assumed[pod.uid] = (keys, writes)
         return Status.success()
+
+    def _arbitrate(self, pod: PodInfo, keys: list[tuple[str, str]]) -> tuple[str, str] | None:
+        """Reserve the chosen (kind, key) pairs with the handle's `VolumeReservations`; the pair
+        another pod holds, or None (reserved, or nothing to arbitrate). Raises `TemporaryError`
+        when the arbiter is away (the shard pauses binding)."""
+        arbiter = self.handle.volume_reservations
+        if arbiter is None or not keys:
+            return None
+        held = arbiter.reserve_volumes(pod.uid, [_volume_key(kind, key) for kind, key in keys])
+        if held is None:
+            return None
+        return next((kind, key) for kind, key in keys if _volume_key(kind, key) == held)
 
     def unreserve(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
         table = self.handle.table
         if table is None or table.volumes is None:
             return
+        arbiter = self.handle.volume_reservations
         for pod in pods:
             keys, _ = self._assumed.pop(pod.uid, ((), ()))
             table.volumes.restore(keys)
+            if arbiter is not None and keys:
+                arbiter.release_volumes(pod.uid, [_volume_key(kind, key) for kind, key in keys])
 
     def pre_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> list[Status]:
         out = [self._pre_bind_one(state, pod) for pod in pods]

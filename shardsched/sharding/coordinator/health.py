@@ -68,6 +68,9 @@ class Health:
         nodes = [table.nodes[table.index[n]].obj for n in mine if n in table.index]
         client.apply_namespaces(table.namespace_labels, [], True)
         client.apply_spread_selectors(table.spread_selectors.objects(), [], True)
+        storage = state.storage_snapshot()
+        if storage is not None:
+            client.apply_storage(*storage)
         client.apply_nodes(nodes, [])
         bound = [(u, n) for n in mine if n in table.index for u in state.bound_usages(table.index[n])]
         client.apply_bound(bound, [])

@@ -3,7 +3,9 @@
 List, then events from the list's resourceVersion; relist on 410 Gone. PodDisruptionBudgets are
 kept for preemption (`CoordinatorState.pdbs`; one that does not parse is logged and left out).
 Namespaces, the objects whose selectors default spreading reads (Services, ReplicationControllers,
-ReplicaSets, StatefulSets), nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
+ReplicaSets, StatefulSets), the storage objects the volume plugins read (PersistentVolumes, claims,
+StorageClasses, CSINodes, CSIStorageCapacities: listed and watched when the cluster serves them,
+`CoordinatorState.storage`), nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
 bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the shard that
 owns their node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
 of the profiles pass their profile's PreEnqueue plugins first: a pod with ``spec.schedulingGates``
@@ -24,7 +26,9 @@ from shardsched.api.quantity import PODS
 from shardsched.api.requests import pod_requests
 from shardsched.cache.devices import DEVICES_ANNOTATION, parse_devices
 from shardsched.cache.node_table import PodUsage
-from shardsched.cluster import ADDED, PDB, PODGROUP, SPREAD_SELECTOR_KINDS, apply_pdb_events, spread_selector_changes
+from shardsched.api.volumes import VolumeCatalog
+from shardsched.cluster import (ADDED, PDB, PODGROUP, SPREAD_SELECTOR_KINDS, STORAGE_KINDS, apply_pdb_events,
+                                spread_selector_changes, storage_changes)
 from shardsched.errors import InvalidObjectError
 from shardsched.queue import GATED
 from shardsched.sharding.coordinator.events import fail_pod, mark_gated
@@ -104,6 +108,8 @@ class Intake:
         self.preemption = preemption
         #: the gangs (`Gangs`), told of the pods and PodGroups the watch brings; None: no gangs
         self.gangs = None
+        #: whether the cluster serves the storage kinds (None until the first relist asks it)
+        self.serves_storage: bool | None = None
 
     def relist(self) -> Changes:
         """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
@@ -128,13 +134,17 @@ class Intake:
         apply_pdb_events(state.pdbs, [(ADDED, obj) for obj in pdbs])
         selectors, _ = state.cluster.list_spread_selectors().wait()
         state.table.set_spread_selectors(spread_selector_changes((ADDED, o) for o in selectors)[0], replace=True)
+        self._list_storage()
         self.ledger_sync.instance = state.ledger.instance_id()  # the Redis the map is written to
         gone = repartition(state, infos)
+        storage = state.storage_snapshot()
         for s in state.shards:
             mine = [n.obj for n in infos if state.owners.get(n.name) == s.index]
             s.client.set_epoch(state.epoch)
             s.client.apply_namespaces(state.table.namespace_labels, [], True)
             s.client.apply_spread_selectors(state.table.spread_selectors.objects(), [], True)
+            if storage is not None:
+                s.client.apply_storage(*storage)
             s.client.apply_nodes(mine, gone.get(s.index, []))
         new = self._apply_pods([("ADDED", obj) for obj in pods])
         if self.gangs is not None:
@@ -170,6 +180,9 @@ class Intake:
         selector_events = [(e.type, e.object) for e in events if e.kind in SPREAD_SELECTOR_KINDS]
         if selector_events:
             self._apply_spread_selectors(selector_events)
+        storage_events = [(e.type, e.kind, e.object) for e in events if e.kind in STORAGE_KINDS]
+        if storage_events:
+            self._apply_storage(storage_events)
         if node_events:
             self._apply_nodes(node_events)
         new = self._apply_pods(pod_events) if pod_events else []
@@ -210,6 +223,37 @@ class Intake:
             return
         for s in self.state.shards:
             s.client.apply_spread_selectors(upserts, removed, False)
+
+    def _list_storage(self) -> None:
+        """At a relist: the storage objects, when the cluster serves every storage kind (its
+        `shardsched.cluster.Capabilities`, asked once), into `CoordinatorState.storage` and the
+        table; else None."""
+        state = self.state
+        if self.serves_storage is None:
+            self.serves_storage = set(STORAGE_KINDS) <= set(state.cluster.get_capabilities().wait().kinds)
+        if not self.serves_storage:
+            state.storage = state.table.volumes = None
+            return
+        listed = []
+        for kind in STORAGE_KINDS:
+            objs, _ = state.cluster.list_storage(kind).wait()
+            listed += [(ADDED, kind, o) for o in objs]
+        changes = storage_changes(listed)
+        state.storage = VolumeCatalog()
+        state.storage.apply(changes.upserts, [], changes.invalid_pvs, replace=True)
+        state.table.volumes = state.storage
+
+    def _apply_storage(self, events: list[tuple[str, str, dict]]) -> None:
+        """Storage objects created, changed or deleted: into `CoordinatorState.storage` and, when
+        that changed, to every shard (`Shard.apply_storage`)."""
+        state = self.state
+        if state.storage is None:
+            return
+        changes = storage_changes(events)
+        if not state.storage.apply(changes.upserts, changes.removed, changes.invalid_pvs):
+            return
+        for s in state.shards:
+            s.client.apply_storage(changes.upserts, changes.removed, changes.invalid_pvs, False)
 
     def _apply_nodes(self, events: list[tuple[str, dict]]) -> None:
         state = self.state

@@ -165,9 +165,12 @@ class Scaler:
         state.refresh_owner_slots()
         for s in state.shards:
             self._tell(s, ShardClient.set_epoch, epoch)
+        storage = state.storage_snapshot()
         for s in added:
             self._tell(s, ShardClient.apply_namespaces, state.table.namespace_labels, [], True)
             self._tell(s, ShardClient.apply_spread_selectors, state.table.spread_selectors.objects(), [], True)
+            if storage is not None:
+                self._tell(s, ShardClient.apply_storage, *storage)
         for index, names in gained.items():
             slots = [state.table.index[name] for name in names if name in state.table.index]
             self._tell(state.shards[index], ShardClient.apply_nodes, [state.table.nodes[slot].obj for slot in slots], [])

@@ -11,6 +11,7 @@ import numpy as np
 
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
+from shardsched.api.volumes import VolumeCatalog
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.config import SchedulerConfiguration
@@ -80,6 +81,9 @@ class CoordinatorState:
         preempting: uid -> `Nomination` of the pods that preempted (their node, and
             the victims deleted for them).
         pdbs: ``namespace/name`` -> PodDisruptionBudget, from the watch (what preemption reads).
+        storage: the cluster's storage objects from the watch (`VolumeCatalog`, the table's
+            ``volumes``, sent to every shard: `storage_snapshot`); None while the cluster does not serve
+            `shardsched.cluster.STORAGE_KINDS` (the volume plugins then hold the pods that need them).
         routed: int64 array, shape (shards,): pods routed per shard and not yet bound.
         gated: uid -> pod key, pods a PreEnqueue plugin keeps out of the queue.
         invalid: pod key -> why it cannot be scheduled (bad spec).
@@ -91,6 +95,7 @@ class CoordinatorState:
         self.cluster = cluster
         self.profiles = {p.scheduler_name for p in config.profiles}
         self.pod_groups = PodGroupCache()
+        self.storage: VolumeCatalog | None = None
         self.reset_table()
         self.shards: list[ShardRef] = []
         self.owners: dict[str, int] = {}
@@ -114,11 +119,19 @@ class CoordinatorState:
     def reset_table(self) -> None:
         """A new empty NodeTable and the schedulers over it (at start and at each relist)."""
         self.table = NodeTable()
+        self.table.volumes = self.storage
         self.schedulers: dict[str, GenericScheduler] = build_schedulers(self.config, self.table, seed=0,
                                                                          partial_view=True)
         self.default = next(iter(self.schedulers.values()))
         self.cluster_schedulers = build_schedulers(self.config, self.table, seed=0,
                                                    handle=Handle(pod_groups=self.pod_groups))
+
+    def storage_snapshot(self) -> tuple[list, list, dict[str, str], bool] | None:
+        """The arguments of ``Shard.apply_storage`` that give a shard the whole `storage` (a shard
+        started, replaced or listed again: ``replace``); None without storage."""
+        if self.storage is None:
+            return None
+        return self.storage.views(), [], dict(self.storage.invalid_pvs), True
 
     def scheduler_for(self, pod: PodInfo) -> GenericScheduler:
         """The routing scheduler of the pod's profile (the first profile's for an unknown name)."""
