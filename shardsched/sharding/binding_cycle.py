@@ -12,6 +12,8 @@ The shard's plugins come first at each point, then the profile's:
   check fencing tokens, so a shard that stalled past its lease TTL, was replaced or repartitioned,
   or whose Redis restarted without its data must not bind. The permitted leases are extended by a
   lease TTL, to cover the bind call.
+- PreBind: the profile's (VolumeBinding writes the volumes it chose through `ShardVolumes`, which
+  also has the ledger arbitrate those choices between shards at its Reserve).
 - Bind: the profile's DefaultBinder, one ``bind_many`` call (`MarkedBinds` marks it in the ledger).
 - PostBind (`LedgerPlugin.post_bind`): the reservations become usage (`Ledger.commit`), the leases
   are released.
