@@ -715,7 +715,8 @@ def test_the_shards_check_claims_with_kube_s_volume_rules(ledger):
 def test_a_claim_bound_after_its_pod_came_lets_the_pod_bind(ledger):
     """A pod whose claim does not exist yet is refused with kube's words; the claim and its PV
     created later reach the shards through the watch, which move the pod back to the queue: it
-    binds on the PV's node. A shard replaced meanwhile and a relist keep the storage objects."""
+    binds on the PV's node. A shard replaced meanwhile, a shard a scale step adds and a relist
+    keep the storage objects."""
     world = zoned_world(ledger)
     world.cluster.create_volume_object(storage_class("manual"))
     world.cluster.create_pods(claiming("late-", "late"))
@@ -728,5 +729,7 @@ def test_a_claim_bound_after_its_pod_came_lets_the_pod_bind(ledger):
     world.coordinator.replace_shard(world.coordinator.state.owners["node-00003"])
     world.settle()
     assert node_of(world, "late-00000") == "node-00003"
+    world.coordinator.scale(3)
+    assert "pv-late" in world.shards[2].table.volumes.pvs
     world.coordinator.relist()
-    assert all("pv-late" in s.table.volumes.pvs for s in world.shards.values())
+    assert len(world.shards) == 3 and all("pv-late" in s.table.volumes.pvs for s in world.shards.values())
