@@ -655,3 +655,29 @@ def test_simulate_a_gang_that_fails_whole_gives_back_its_volumes(tmp_path):
     got = outcomes(simulate([path], config))
     assert got["train-0"][:2] == ("Unschedulable", None)
     assert got["later"][:2] == ("Scheduled", "n1")
+
+
+def test_storage_watch_events_become_catalog_changes_and_bad_objects_are_named(caplog):
+    """`storage_changes` as the coordinator applies the watch: only an object's last event counts;
+    a PV whose node affinity cannot be parsed is kept as invalid (a claim bound to it fits no
+    node), a claim that cannot be parsed is dropped as if deleted, an object without a name is
+    skipped; each is logged with its kind, key and field. `VolumeCatalog.apply` changes nothing
+    for an equal view, and ``replace`` drops what the list no longer has."""
+    from shardsched.cluster import storage_changes
+
+    pv = {"metadata": {"name": "pv-1"}, "spec": {"capacity": {"storage": "1Gi"}}}
+    bad_pv = {"metadata": {"name": "pv-2"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": []}}}}
+    bad_claim = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"resources": {"requests": {"storage": "lots"}}}}
+    changes = storage_changes([("ADDED", PV, pv), ("ADDED", PV, bad_pv), ("ADDED", PVC, bad_claim),
+                               ("ADDED", PVC, {"metadata": {}}), ("MODIFIED", PV, {**pv, "spec": {}}),
+                               ("ADDED", "StorageClass", {"metadata": {"name": "gone"}, "provisioner": "x"}),
+                               ("DELETED", "StorageClass", {"metadata": {"name": "gone"}})])
+    assert [(v.name, v.capacity_bytes) for v in changes.upserts] == [("pv-1", 0)]
+    assert changes.invalid_pvs == {"pv-2": "spec.nodeAffinity.required.nodeSelectorTerms: must have at least one "
+                                            "node selector term"}
+    assert changes.removed == [(PVC, "ns/c"), ("StorageClass", "gone")]
+    assert "PersistentVolume pv-2 ignored" in caplog.text and "PersistentVolumeClaim ns/c ignored" in caplog.text
+    catalog = VolumeCatalog()
+    assert catalog.apply(changes.upserts, changes.removed, changes.invalid_pvs, replace=True)
+    assert not catalog.apply(changes.upserts, changes.removed, changes.invalid_pvs)
+    assert catalog.apply([], [], {}, replace=True) and not catalog.pvs and not catalog.invalid_pvs
