@@ -733,3 +733,90 @@ def test_a_claim_bound_after_its_pod_came_lets_the_pod_bind(ledger):
     assert "pv-late" in world.shards[2].table.volumes.pvs
     world.coordinator.relist()
     assert len(world.shards) == 3 and all("pv-late" in s.table.volumes.pvs for s in world.shards.values())
+
+
+# ------------------------------------------------------------------ commit reports
+
+
+class ObserveRecordingLedger:
+    """A real `Ledger` that records the uids the coordinator observes."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger = ledger
+        self.observed: list[str] = []
+
+    def observe(self, pods):
+        pods = list(pods)
+        self.observed.extend(p.uid for p in pods)
+        return self._ledger.observe(pods)
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+
+def cpu_used(ledger, cluster: SimCluster) -> int:
+    return sum(ledger.node_usage(n["metadata"]["name"]).used.get("cpu", 0) for n in cluster.list_nodes()[0])
+
+
+def test_pods_their_shard_reported_committed_are_counted_but_not_observed_again(ledger):
+    """The shard's report that it committed its batch comes before the watch shows the pods bound
+    (as in a burst, where the coordinator's watch lags): the coordinator counts them in its table
+    and sends them to the shard as any bound pod, but writes nothing to the ledger for them."""
+    recording = ObserveRecordingLedger(ledger)
+    world = World(recording, n_nodes=2, shards=1)
+    world.create(3)
+    world.coordinator.poll_watch()  # routed
+    [shard] = world.shards.values()
+    shard.step()  # bound, committed, reported
+
+    world.coordinator.poll_watch()
+
+    uids = {p["metadata"]["uid"] for p in world.cluster.list_pods()[0]}
+    assert recording.observed == []
+    assert world.coordinator.status()["bound_seen"] == 3 and world.coordinator.state.commits == {}
+    assert set(world.coordinator.state.table.pod_slot) == uids == set(shard.table.pod_slot)
+    assert cpu_used(ledger, world.cluster) == 3000
+
+
+def test_a_commit_reported_before_the_ledger_was_rebuilt_is_observed_again(ledger):
+    """Redis restarted and lost the shard's commit (appendonly fsyncs once a second), and the
+    coordinator rebuilt the ledger from its table before its watch showed the pod bound: the
+    rebuild's new epoch drops the report, so the watch's bound event is observed and the ledger
+    counts the pod again (a report kept across the rebuild left it uncounted for good)."""
+    recording = ObserveRecordingLedger(ledger)
+    world = World(recording, n_nodes=1, shards=1)
+    [created] = world.create(1)
+    world.coordinator.poll_watch()  # routed
+    [shard] = world.shards.values()
+    shard.step()  # bound, committed, reported under the current epoch
+    epoch = world.coordinator.state.epoch
+    with world.coordinator.state.lock:
+        world.coordinator.ledger_sync.rebuild()  # from a table that has not seen the bind yet
+    assert world.coordinator.state.epoch == epoch + 1 and cpu_used(ledger, world.cluster) == 0
+
+    world.coordinator.poll_watch()
+
+    assert recording.observed == [created["metadata"]["uid"]]
+    assert cpu_used(ledger, world.cluster) == 1000
+
+
+def test_a_report_that_comes_after_the_watch_showed_the_pod_bound_is_dropped(ledger):
+    """A pod the watch shows bound before its shard's report arrives is observed at once (its bind
+    looks like another scheduler's); the late report is then dropped, not kept for ever."""
+    recording = ObserveRecordingLedger(ledger)
+    world = World(recording, n_nodes=1, shards=1)
+    held: list[tuple] = []
+    world.coordinator.committed = lambda *report: held.append(report)  # the shard's report, delayed
+    [first] = world.create(1)
+    world.coordinator.poll_watch()
+    [shard] = world.shards.values()
+    shard.step()
+    world.coordinator.poll_watch()
+    assert recording.observed == [first["metadata"]["uid"]] and len(held) == 1
+
+    world.coordinator.intake.committed(*held[0])
+    world.create(1, prefix="second-")
+    world.coordinator.poll_watch()  # the reports are taken with the next pod events
+
+    assert world.coordinator.state.commits == {}
+    assert cpu_used(ledger, world.cluster) == 1000

@@ -529,6 +529,9 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
         def handoff(self, shard, items):
             handed_off.extend(items)
 
+        def committed(self, shard, epoch, uids):
+            pass
+
     real_bind, real_record = server.sim.bind_many, server.sim.record_event
     # a few pods: their binds last until an Event went out meanwhile (one at a time); a burst's
     # binds last 0.8 s, shorter than the writers' hold

@@ -42,9 +42,13 @@ class RecordingRebalancer:
     """The `Rebalancer` protocol: records what shards hand off."""
 
     items: list[tuple[int, Handoff]] = field(default_factory=list)
+    commits: list[tuple[int, int, list[str]]] = field(default_factory=list)
 
     def handoff(self, shard: int, items: list[Handoff]) -> None:
         self.items.extend((shard, h) for h in items)
+
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> None:
+        self.commits.append((shard, epoch, list(uids)))
 
     def by_reason(self, reason: str) -> list[Handoff]:
         return [h for _, h in self.items if h.reason == reason]

@@ -88,6 +88,9 @@ class _CoordinatorRef:
     def handoff(self, shard: int, items) -> None:
         self.coordinator.handoff(shard, items)
 
+    def committed(self, shard: int, epoch: int, uids) -> None:
+        self.coordinator.committed(shard, epoch, uids)
+
 
 class KubeRuntime:
     """Redis (embedded unless ``redis_url``), then the coordinator and shards (module docstring).

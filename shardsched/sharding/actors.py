@@ -164,6 +164,7 @@ class CoordinatorHost:
         return self.coordinator.status()
 
     def handoff(self, shard, items): self.coordinator.handoff(shard, items)
+    def committed(self, shard, epoch, uids): self.coordinator.committed(shard, epoch, uids)
     def status(self): return self.coordinator.status()
     def unschedulable_reasons(self): return self.coordinator.unschedulable_reasons()
     def pending_keys(self): return self.coordinator.pending_keys()

@@ -54,7 +54,7 @@ from shardsched.metrics import ERROR, SCHEDULED
 from shardsched.plugins.defaultbinder.plugin import RESULTS_KEY as BIND_RESULTS_KEY
 from shardsched.queue import QueuedPodInfo
 from shardsched.sharding.protocols import BIND_CONFLICT, BIND_FAILED, FENCED, INSUFFICIENT, Handoff
-from shardsched.store.ledger import Ledger, ReservationRef, ReserveCode, ReserveItem
+from shardsched.store.ledger import Ledger, LedgerCode, ReservationRef, ReserveCode, ReserveItem
 
 if TYPE_CHECKING:
     from shardsched.sharding.shard import Shard
@@ -176,14 +176,26 @@ class LedgerPlugin(ReservePlugin, PermitPlugin, PostBindPlugin):
         return out
 
     def post_bind(self, state: CycleState, pods: Sequence[PodInfo], nodes: Sequence[str]) -> None:
-        """Bound: the reservations become usage and the leases are released (one call each)."""
+        """Bound: the reservations become usage and the leases are released (one call each); the
+        coordinator hears which pods the ledger now counts, with the epoch the shard knew before
+        the commit (`Rebalancer.committed`), so that it does not observe them a second time
+        when the watch shows them bound."""
+        s = self.shard
         tokens = state.read(LEASES_KEY)
+        epoch = s.epoch  # read first: a report never names an epoch newer than the ledger it committed to
         try:
-            self.shard.ledger.commit([ReservationRef(p.uid, n, tokens[p.uid]) for p, n in zip(pods, nodes)])
-            self.shard.ledger.release_leases({p.uid: tokens[p.uid] for p in pods}, self.shard.member)
+            codes = s.ledger.commit([ReservationRef(p.uid, n, tokens[p.uid]) for p, n in zip(pods, nodes)])
         except TemporaryError as e:
             # Bound in the cluster: the truth. The watch's observe converts the reservation.
-            log.warning("shard %s: commit after bind failed (%s); the watch will reconcile", self.shard.member, e)
+            log.warning("shard %s: commit after bind failed (%s); the watch will reconcile", s.member, e)
+        else:  # a reservation gone before the commit (NOT_FOUND) is left to the watch's observe
+            counted = [p.uid for p in pods if codes.get(p.uid) in (LedgerCode.CONVERTED, LedgerCode.ALREADY)]
+            if counted:
+                s.rebalancer.committed(s.index, epoch, counted)
+        try:
+            s.ledger.release_leases({p.uid: tokens[p.uid] for p in pods}, s.member)
+        except TemporaryError as e:
+            log.warning("shard %s: leases not released after bind (%s); they expire", s.member, e)
 
 
 class MarkedBinds:

@@ -238,11 +238,12 @@ class ShardHostClient(ShardClient):
 
 
 class CoordinatorAPI(Protocol):
-    """What the coordinator's process offers the shards (``handoff``) and whoever started or joins
+    """What the coordinator's process offers the shards (``handoff``, ``committed``) and whoever started or joins
     the run (`shardsched.sharding.actors.CoordinatorHost`; the API server's coordinator adds the
     ``cluster_*`` calls and ``stop_cluster``: `shardsched.kube.serving`)."""
 
     def handoff(self, shard: int, items: list[Handoff]) -> None: ...
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> None: ...
     def start(self, adopt: bool = False) -> dict: ...
     def status(self) -> dict: ...
     def unschedulable_reasons(self) -> dict: ...
@@ -272,6 +273,9 @@ class CoordinatorClient:
 
     def handoff(self, shard: int, items: list[Handoff]) -> Reply[None]:
         return self.channel.send(CoordinatorAPI.handoff, shard, items)
+
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> Reply[None]:
+        return self.channel.send(CoordinatorAPI.committed, shard, epoch, uids)
 
     def start(self, adopt: bool = False) -> Reply[dict]:
         return self.channel.send(CoordinatorAPI.start, adopt)

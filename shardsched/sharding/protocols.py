@@ -63,3 +63,10 @@ class Rebalancer(Protocol):
     def handoff(self, shard: int, items: list[Handoff]) -> None:
         """Take pods a shard cannot place now (fire and forget)."""
         ...
+
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> None:
+        """Pods this shard bound and committed in the ledger, under the shard map's ``epoch`` as
+        the shard knew it before the commit (fire and forget): when the watch shows them bound
+        the coordinator need not observe them into the ledger again, unless the epoch changed
+        meanwhile (`shardsched.sharding.coordinator.intake.Intake.committed`)."""
+        ...

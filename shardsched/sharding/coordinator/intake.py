@@ -6,8 +6,9 @@ Namespaces, the objects whose selectors default spreading reads (Services, Repli
 ReplicaSets, StatefulSets), the storage objects the volume plugins read (PersistentVolumes, claims,
 StorageClasses, CSINodes, CSIStorageCapacities: listed and watched when the cluster serves them,
 `CoordinatorState.storage`), nodes and pods change the table, the shard map and the tracked pods, and go to the shards that need them; pods
-bound by anyone are observed into the ledger (idempotent by uid) and forwarded to the shard that
-owns their node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
+bound by anyone are observed into the ledger (idempotent by uid; not those their shard reported
+committed under the current epoch, `Intake.committed`) and forwarded to the shard that owns their
+node; deleted or terminal pods are forgotten. Pending pods whose ``schedulerName`` is one
 of the profiles pass their profile's PreEnqueue plugins first: a pod with ``spec.schedulingGates``
 waits, gated (not routed, no attempt, no FailedScheduling Event), until an update removes its last
 gate. What the intake returns (`Changes`) says which pending pods are new, for the router.
@@ -16,6 +17,7 @@ gate. What the intake returns (`Changes`) says which pending pods are new, for t
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -41,6 +43,11 @@ from shardsched.sharding.calls import RemoteUnavailable
 from shardsched.store.ledger import MAX_AMOUNT, BoundPod, NodeEntry
 
 log = logging.getLogger(__name__)
+
+#: commit reports kept at most (`Intake.committed`): one whose pod's bound event never comes (the pod
+#: was deleted before the report arrived) would stay; past this many they are all dropped, and
+#: their pods observed as any bound pod
+MAX_COMMIT_REPORTS = 100_000
 
 #: watch events taken per poll: enough to amortize the call, few enough that decoding a burst's
 #: events does not balloon the coordinator's memory (a Python heap rarely shrinks back)
@@ -110,6 +117,9 @@ class Intake:
         self.gangs = None
         #: whether the cluster serves the storage kinds (None until the first relist asks it)
         self.serves_storage: bool | None = None
+        # (epoch, uids) of the shards' commit reports not yet applied (`committed`), oldest first
+        self._reports: list[tuple[int, list[str]]] = []
+        self._reports_lock = threading.Lock()
 
     def relist(self) -> Changes:
         """List nodes and pods and rebuild everything from them (start, and after 410 Gone)."""
@@ -119,6 +129,7 @@ class Intake:
         state.reset_table()
         state.nominated.clear()
         state.bound_on.clear()
+        state.commits.clear()  # every bound pod listed is observed
         state.gated.clear()  # the list shows every gated pod again
         infos = []
         for obj in nodes:
@@ -308,9 +319,37 @@ class Intake:
         for s in state.shards:
             s.client.move_all_to_active_or_backoff_queue("NodeUpdate")
 
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> None:
+        """A shard's report (fire and forget, on the thread that takes its call): it bound these
+        pods and committed them in the ledger, under the shard map's ``epoch`` as it knew it
+        before the commit. When the watch then shows such a pod bound, the intake counts it as
+        any bound pod but does not observe it into the ledger a second time, if the epoch is
+        still the coordinator's. A new epoch (`CoordinatorState.next_epoch`: a ledger rebuilt
+        after Redis restarted, a new shard map) drops the reports made before it, so the pods
+        they name are observed: a commit that a restarted Redis lost is counted again. A pod the
+        watch shows bound before its report arrives is observed at once (the intake cannot tell
+        that bind from another scheduler's), and the report is then dropped."""
+        with self._reports_lock:
+            self._reports.append((epoch, uids))
+
+    def _take_reports(self) -> None:
+        """The reports of the current epoch into `CoordinatorState.commits`, except for pods the
+        intake counts already (their bound event came first)."""
+        with self._reports_lock:
+            reports, self._reports = self._reports, []
+        state = self.state
+        for epoch, uids in reports:
+            if epoch == state.epoch:
+                for uid in uids:
+                    if uid not in state.bound_on:
+                        state.commits[uid] = epoch
+        if len(state.commits) > MAX_COMMIT_REPORTS:
+            state.commits.clear()
+
     def _apply_pods(self, events: list[tuple[str, dict]]) -> list[PodInfo]:
         """Apply pod events; returns the pending pods first seen, to be routed."""
         state = self.state
+        self._take_reports()
         # pending pods first seen in this batch, routed after it: a later event of the same batch
         # (deleted, bound by someone else, updated) replaces or cancels the entry
         new: dict[str, PodInfo] = {}
@@ -330,6 +369,7 @@ class Intake:
             if typ == "DELETED" or (node and terminal):
                 new.pop(uid, None)
                 unnominate(state, uid)
+                state.commits.pop(uid, None)
                 if uid in state.preempting:
                     preemptors_done.append(uid)
                 if typ == "DELETED":
@@ -380,8 +420,10 @@ class Intake:
                 # which need not be the device the shard took
                 usage = PodUsage.of(pod, _bound_devices(obj))
                 state.table.add_pod(usage, node)
-                # the devices of its annotation, else the table's best fit (as the shards count it)
-                observe.append(BoundPod(uid, node, pod.requests, state.table.devices_of(uid)))
+                # the devices of its annotation, else the table's best fit (as the shards count it);
+                # not for a pod its shard reported committed under this map
+                if state.commits.pop(uid, None) != state.epoch:
+                    observe.append(BoundPod(uid, node, pod.requests, state.table.devices_of(uid)))
                 if node in state.owners:
                     adds[state.owners[node]].append((usage, node))
                 if t is not None:

@@ -215,6 +215,10 @@ class Coordinator:
         """Called by shards (fire and forget): pods they cannot place now (`Rebalancer.handoff`)."""
         self.rebalancer.handoff(shard, items)
 
+    def committed(self, shard: int, epoch: int, uids: list[str]) -> None:
+        """Called by shards (fire and forget): pods they bound and committed (`Intake.committed`)."""
+        self.intake.committed(shard, epoch, uids)
+
     def replace_shard(self, index: int) -> None:
         """`Health.replace_shard`, with the state lock held."""
         with self.state.lock:

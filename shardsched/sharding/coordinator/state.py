@@ -87,6 +87,9 @@ class CoordinatorState:
         routed: int64 array, shape (shards,): pods routed per shard and not yet bound.
         gated: uid -> pod key, pods a PreEnqueue plugin keeps out of the queue.
         invalid: pod key -> why it cannot be scheduled (bad spec).
+        commits: uid -> epoch of the pods their shard reported committed in the ledger, whose
+            bound event the intake has not applied yet (`Intake.committed`); emptied by a new
+            epoch (`next_epoch`) and by a relist.
     """
 
     def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: ClusterClient) -> None:
@@ -110,6 +113,7 @@ class CoordinatorState:
         self.routed = np.zeros(0, np.int64)
         self.gated: dict[str, str] = {}
         self.invalid: dict[str, str] = {}
+        self.commits: dict[str, int] = {}
         self.metrics = ShardMetrics()
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.last_error = ""
@@ -141,6 +145,7 @@ class CoordinatorState:
         """A new epoch, above both ours and the ledger's (another coordinator may have published
         one); set as `epoch` and returned. Raises `TemporaryError` when Redis does not answer."""
         self.epoch = max(self.epoch, self.ledger.epoch()) + 1
+        self.commits.clear()  # made under an older map, perhaps in a ledger that lost them: observed
         return self.epoch
 
     def refresh_owner_slots(self) -> None:
