@@ -135,6 +135,9 @@ class Rebalancer:
     def handoff(self, shard: int, items) -> None:
         self.items.extend(items)
 
+    def committed(self, shard: int, epoch: int, uids) -> None:
+        """The shard's commit reports (`shardsched.sharding.protocols.Rebalancer`); not read here."""
+
 
 def new_shard(ledger: Ledger, cluster: SimCluster, member: str, index: int, epoch: int, pods: list[dict]) -> Shard:
     shard = Shard(index, member, CONFIG, ledger, cluster, Rebalancer(), ShardOptions(seed=0))
