@@ -249,7 +249,8 @@ class ChaosRun(EmbeddedRun):
                 quiet_until = elapsed + QUIET_S
             settled = (not busy and elapsed >= quiet_until and counts["others_unbound"] == 0
                        and counts["unbound"] == status["unschedulable"] + status["invalid"]
-                       and status["pending"] == status["unschedulable"] and not status["preemptors_waiting"])
+                       and status["pending"] == status["unschedulable"] and not status["preemptors_waiting"]
+                       and self._replaced_all(status))
             if settled:
                 self.settled = True
                 report.schedule_wall_s = elapsed
@@ -260,6 +261,15 @@ class ChaosRun(EmbeddedRun):
                                      f"({status['unschedulable']} unschedulable)")
                 report.schedule_wall_s = elapsed
                 return
+
+    def _replaced_all(self, status: dict) -> bool:
+        """Whether the health check has replaced every shard killed so far: a run whose pods all
+        bound before the check saw a killed shard is not settled until it has (the scenario's
+        fault is then exercised, not raced by a fast workload). A frozen shard may come back
+        before it is replaced, so freezes are not waited for."""
+        by_health = (status["replaced_shards"] + self.carried["replaced_shards"]
+                     - sum(1 for f in self.faults if f.action == "replace-shard" and not f.error))
+        return by_health >= sum(1 for f in self.faults if f.action == "kill-shard" and not f.error)
 
     def _note_replacements(self, status: dict) -> None:
         """Time from a shard's kill or freeze to its replacement by the health check (sampled every
