@@ -1044,7 +1044,7 @@ def test_cluster_role_grants_what_the_kubernetes_backend_declares() -> None:
     """`shardsched.kube.cluster` lists the (verb, group, resource) it uses; all must be granted
     (the Lease verbs on the Lease of the deployed configuration)."""
     try:
-        from shardsched.kube.cluster import GANG_PERMISSIONS, LEADER_PERMISSIONS, PERMISSIONS, STORAGE_PERMISSIONS
+        from shardsched.kube.permissions import GANG_PERMISSIONS, LEADER_PERMISSIONS, PERMISSIONS, STORAGE_PERMISSIONS
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("shardsched.kube"):
             raise

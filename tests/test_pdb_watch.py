@@ -12,7 +12,8 @@ import pytest
 
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.cluster import ADDED, DELETED, MODIFIED, PDB, Forbidden, apply_pdb_events
-from shardsched.kube.cluster import PERMISSIONS, KubeCluster
+from shardsched.kube.cluster import KubeCluster
+from shardsched.kube.permissions import PERMISSIONS
 
 from builders import pod
 

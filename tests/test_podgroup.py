@@ -145,7 +145,8 @@ def test_apply_pod_group_events_keeps_bad_groups_as_invalid() -> None:
 def test_kube_backend_lists_and_watches_pod_groups_when_asked(simapi, simapi_spec) -> None:
     import time
 
-    from shardsched.kube.cluster import GANG_PERMISSIONS, KubeCluster
+    from shardsched.kube.cluster import KubeCluster
+    from shardsched.kube.permissions import GANG_PERMISSIONS
 
     sim = simapi.sim
     sim.create_pod_group(pod_group("before", 2))

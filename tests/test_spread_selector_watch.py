@@ -14,7 +14,8 @@ import pytest
 
 from shardsched.cluster import ADDED, DELETED, MODIFIED, SPREAD_SELECTOR_KINDS, Forbidden, Invalid, NotFound, \
     spread_selector_changes
-from shardsched.kube.cluster import PERMISSIONS, KubeCluster
+from shardsched.kube.cluster import KubeCluster
+from shardsched.kube.permissions import PERMISSIONS
 from shardsched.sim import SimCluster, uniform_nodes
 
 from test_coordinator import World

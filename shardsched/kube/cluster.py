@@ -13,8 +13,10 @@ simulated cluster:
   first list waits for the caches to sync.
 - ``record_event(ref, type, reason, message)`` and ``set_pod_condition(ns, name, condition)``:
   queued and written in the background (`shardsched.kube.writers`); a preemption's writes
-  (``delete_pod``, ``set_disruption_target``, ``set_nominated_node_name``) are synchronous requests
-  whose typed errors (`Forbidden`, `NotFound`, `Conflict`) the caller acts on.
+  (``delete_pod``, ``set_disruption_target``, ``set_nominated_node_name``, ``prepare_candidates``)
+  and VolumeBinding's (``bind_volume``, ``set_selected_node``) are synchronous requests whose typed
+  errors (`Forbidden`, `NotFound`, `Conflict`) the caller acts on (`shardsched.kube.object_writes`).
+- ``missing_permissions``: the RBAC check `serve` makes at start (`shardsched.kube.permissions`).
 
 Shards bind through ``bind_many`` (the `BindTarget` protocol): the ``pods/binding`` subresource,
 concurrently on the asyncio connection of `shardsched.kube.aio` (at most ``bind_workers`` requests
@@ -37,21 +39,20 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Sequence
 
 from kubernetes import client as k8s
 
-from shardsched.api.objects import disruption_target_condition
 from shardsched.errors import PermanentError
-from shardsched.cluster.preemption import Candidate, CandidateResult, prepare_candidate, prepare_candidates
 from shardsched.kube.aio import AioApi
-from shardsched.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, Api, ClientSpec, TokenBucket, Unreachable, classify
+from shardsched.kube.client import Api, ClientSpec, TokenBucket, Unreachable, classify
 from shardsched.kube.informer import Reflector
 from shardsched.kube.watches import Store, watch_specs
 from shardsched.kube.gate import BindsFirst
-from shardsched.kube.writers import EventRecorder, StatusWriter, condition_patch
-from shardsched.api.volumes import BIND_COMPLETED_ANNOTATION, SELECTED_NODE_ANNOTATION
+from shardsched.kube.object_writes import ObjectWrites
+from shardsched.kube.permissions import missing_permissions
+from shardsched.kube.writers import EventRecorder, StatusWriter
+from shardsched.api.volumes import BIND_COMPLETED_ANNOTATION
 from shardsched.cluster import (BOUND, CONFLICT, CSI_NODE, CSI_STORAGE_CAPACITY, MAYBE_APPLIED, NAMESPACE, NODE,
                                 NOT_APPLIED, NOT_FOUND, PDB, POD, PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS,
                                 STORAGE_KINDS,
@@ -59,35 +60,7 @@ from shardsched.cluster import (BOUND, CONFLICT, CSI_NODE, CSI_STORAGE_CAPACITY,
 
 log = logging.getLogger(__name__)
 
-#: (verb, API group, resource) a running scheduler needs; deploy/rbac/02-clusterrole.yaml grants exactly
-#: these (core/v1 Events only matter on servers without events.k8s.io/v1)
-PERMISSIONS = [("list", "", "nodes"), ("watch", "", "nodes"), ("list", "", "pods"), ("watch", "", "pods"),
-               ("list", "", "namespaces"), ("watch", "", "namespaces"),
-               ("list", "policy", "poddisruptionbudgets"), ("watch", "policy", "poddisruptionbudgets"),
-               ("list", "", "services"), ("watch", "", "services"),
-               ("list", "", "replicationcontrollers"), ("watch", "", "replicationcontrollers"),
-               ("list", "apps", "replicasets"), ("watch", "apps", "replicasets"),
-               ("list", "apps", "statefulsets"), ("watch", "apps", "statefulsets"),
-               ("create", "", "pods/binding"), ("patch", "", "pods/status"), ("delete", "", "pods"),
-               ("create", "events.k8s.io", "events"), ("patch", "events.k8s.io", "events"),
-               ("create", "", "events"), ("patch", "", "events")]
-#: and when a profile has Coscheduling (gangs: the PodGroups are watched)
-GANG_PERMISSIONS = [("list", "scheduling.x-k8s.io", "podgroups"), ("watch", "scheduling.x-k8s.io", "podgroups")]
-#: and with ``watch_storage`` (the volume plugins' objects, VolumeBinding's PreBind writes)
-STORAGE_PERMISSIONS = [*((verb, group, resource) for group, resource in (
-    ("", "persistentvolumes"), ("", "persistentvolumeclaims"), ("storage.k8s.io", "storageclasses"),
-    ("storage.k8s.io", "csinodes"), ("storage.k8s.io", "csistoragecapacities")) for verb in ("list", "watch")),
-    ("patch", "", "persistentvolumes"), ("patch", "", "persistentvolumeclaims")]
-#: and with --leader-elect, in the Lease's namespace
-LEADER_PERMISSIONS = [("get", "coordination.k8s.io", "leases"), ("create", "coordination.k8s.io", "leases"),
-                      ("update", "coordination.k8s.io", "leases")]
-
-#: most preemptions' writes in flight at once in `KubeCluster.prepare_candidates` (each a few
-#: synchronous requests; the token bucket still paces them)
-PREEMPTION_WORKERS = 16
-
-
-class KubeCluster:
+class KubeCluster(ObjectWrites):
     """See the module docstring.
 
     Args:
@@ -308,23 +281,6 @@ class KubeCluster:
         with ``pod_groups``), as a call (`shardsched.cluster.ClusterBackend.get_capabilities`)."""
         return self.capabilities
 
-    def bind_volume(self, pv_name: str, namespace: str, claim: str, claim_uid: str) -> None:
-        """Set a PV's ``spec.claimRef`` (a merge patch of ``persistentvolumes``), synchronously, as
-        upstream's ``bindAPIUpdate`` updates it; the PV controller binds the claim.
-        Raises: `NotFound`, `Conflict`, `Forbidden`, `TemporaryError`."""
-        body = {"spec": {"claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": namespace,
-                                      "name": claim, "uid": claim_uid}}}
-        self._connection().request("PATCH", f"/api/v1/persistentvolumes/{pv_name}", verb="patch",
-                                   resource="persistentvolumes", body=body, content_type=MERGE_PATCH)
-
-    def set_selected_node(self, namespace: str, claim: str, node: str) -> None:
-        """Annotate a claim with ``volume.kubernetes.io/selected-node`` (a merge patch), synchronously;
-        the provisioner then provisions. Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
-        body = {"metadata": {"annotations": {SELECTED_NODE_ANNOTATION: node}}}
-        self._connection().request("PATCH", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}",
-                                   verb="patch", resource="persistentvolumeclaims", body=body,
-                                   content_type=MERGE_PATCH)
-
     def claim_bound(self, namespace: str, claim: str) -> bool:
         """Whether the watched claim has ``volumeName`` and the PV controller's bind-completed
         annotation (False while the watch has not shown it)."""
@@ -352,62 +308,6 @@ class KubeCluster:
         """Queue a pod condition update through ``pods/status`` (coalesced per pod; skipped when the
         pod already has it). Never blocks."""
         self._status_writer().set_condition(namespace, name, condition)
-
-    def delete_pod(self, namespace: str, name: str, uid: str | None = None,
-                   grace_period_s: int | None = None) -> dict:
-        """Delete a pod (``DELETE pods/<name>`` with ``DeleteOptions``), synchronously: the API
-        server's answer, the pod with its ``deletionTimestamp`` (or a Status once it is gone).
-
-        Args:
-            uid: ``preconditions.uid``: the pod must still be that one.
-            grace_period_s: ``gracePeriodSeconds``; None for the pod's own.
-
-        Raises: `NotFound` (already gone), `Conflict` (the uid precondition failed: the pod was
-        re-created), `Forbidden` (RBAC), `TemporaryError`.
-        """
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        if uid is not None:
-            body["preconditions"] = {"uid": uid}
-        if grace_period_s is not None:
-            body["gracePeriodSeconds"] = grace_period_s
-        return self._connection().request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", verb="delete",
-                                          resource="pods", body=body)
-
-    def set_disruption_target(self, namespace: str, name: str, scheduler_name: str) -> bool:
-        """Patch the ``DisruptionTarget`` condition onto a victim through ``pods/status``, synchronously
-        (`ClusterBackend.set_disruption_target`); not sent when the watched pod already has it.
-        Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
-        body = condition_patch(self.store.pod(namespace, name), disruption_target_condition(scheduler_name))
-        if body is None:
-            return False
-        self._patch_status(namespace, name, body)
-        return True
-
-    def set_nominated_node_name(self, namespace: str, name: str, node_name: str) -> bool:
-        """Set (or with ``""`` clear: ``null`` in the strategic merge patch) ``status.nominatedNodeName``
-        through ``pods/status``, synchronously; not sent when the watched pod already has that value.
-        Raises: `NotFound`, `Forbidden`, `TemporaryError`."""
-        pod = self.store.pod(namespace, name)
-        if pod is not None and ((pod.get("status") or {}).get("nominatedNodeName") or "") == node_name:
-            return False
-        self._patch_status(namespace, name, {"status": {"nominatedNodeName": node_name or None}})
-        return True
-
-    def prepare_candidates(self, candidates: Sequence[Candidate]) -> list[CandidateResult]:
-        """Many preemptions' writes (`ClusterBackend.prepare_candidates`): the candidates run
-        concurrently, up to `PREEMPTION_WORKERS` at once on this copy's connection pool (under its
-        rate limiter), each one's requests in order (`shardsched.cluster.preemption.prepare_candidate`:
-        the synchronous DisruptionTarget patches and deletes, then the queued Events and condition
-        and the nominatedNodeName patch). One result per candidate, in order; never raises for one."""
-        if len(candidates) <= 1:
-            return prepare_candidates(self, candidates)
-        with ThreadPoolExecutor(min(len(candidates), PREEMPTION_WORKERS), thread_name_prefix="preemption") as pool:
-            return list(pool.map(lambda c: prepare_candidate(self, c), candidates))
-
-    def _patch_status(self, namespace: str, name: str, body: dict) -> Any:
-        return self._connection().request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-                                          verb="patch", resource="pods/status", body=body,
-                                          content_type=STRATEGIC_MERGE_PATCH)
 
     # ------------------------------------------------------------------ binding
     def bind_many(self, bindings: Sequence[tuple]) -> list[BindResult]:
@@ -493,40 +393,10 @@ class KubeCluster:
             log.error("%s", err)
 
     def missing_permissions(self, lease_namespace: str | None = None, lease_name: str | None = None) -> list[str]:
-        """Ask the API server (SelfSubjectAccessReview, allowed to every authenticated user) which of
-        `PERMISSIONS` (and `LEADER_PERMISSIONS` in ``lease_namespace`` when given) we lack.
-
-        ``get`` and ``update`` of the Lease are asked for ``lease_name`` itself, as the elector uses
-        them: a role may grant them on that one name (``resourceNames``, as deploy/rbac does), and
-        a review without a name would then answer "denied". ``create`` cannot be limited by name.
-
-        Returns: ``"verb group/resource"`` strings, empty when all are granted.
-        Raises: `Unauthorized`, `TemporaryError` (API server unreachable or failing).
-        """
-        api = self._connection()
-        wanted = [(v, g, r, None) for v, g, r in PERMISSIONS + (GANG_PERMISSIONS if self.pod_groups else [])
-                  + (STORAGE_PERMISSIONS if self.watch_storage else [])]
-        if lease_namespace:
-            wanted += [(v, g, r, lease_namespace) for v, g, r in LEADER_PERMISSIONS]
-        missing = []
-        for verb, group, resource, namespace in wanted:
-            res, _, sub = resource.partition("/")
-            attrs = {"verb": verb, "group": group, "resource": res}
-            if sub:
-                attrs["subresource"] = sub
-            if namespace:
-                attrs["namespace"] = namespace
-            name = lease_name if namespace and lease_name and verb != "create" else None
-            if name:
-                attrs["name"] = name
-            review = api.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", verb="create",
-                                 resource="selfsubjectaccessreviews",
-                                 body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                                       "spec": {"resourceAttributes": attrs}})
-            if not ((review or {}).get("status") or {}).get("allowed"):
-                where = (f" {name}" if name else "") + (f" in namespace {namespace}" if namespace else "")
-                missing.append(f"{verb} {group + '/' if group else ''}{resource}{where}")
-        return missing
+        """The RBAC this copy needs and lacks (`shardsched.kube.permissions.missing_permissions`,
+        with the PodGroups' and the storage kinds' verbs when it watches them).
+        Raises: `Unauthorized`, `TemporaryError`."""
+        return missing_permissions(self._connection(), self.pod_groups, self.watch_storage, lease_namespace, lease_name)
 
     # ------------------------------------------------------------------ operations
     def flush(self, timeout_s: float = 10.0) -> bool:
