@@ -514,7 +514,7 @@ def test_events_of_one_process_wait_for_the_binds_of_a_shard_in_another(server, 
     from shardsched.api.objects import NodeInfo, PodInfo
     from shardsched.config import parse_config
     from shardsched.sharding.calls import ClusterBinds, ClusterClient, Local
-    from shardsched.sharding.binding_cycle import yield_writes_to_binds
+    from shardsched.sharding.shard_plugins import yield_writes_to_binds
     from shardsched.sharding.shard import Shard, ShardOptions
     from shardsched.store import NodeEntry
 

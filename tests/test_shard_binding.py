@@ -12,7 +12,7 @@ import pytest
 from shardsched.framework.cycle_state import CycleState
 from shardsched.framework.interface import PermitPlugin, ReservePlugin
 from shardsched.framework.status import Code, Status
-from shardsched.sharding.binding_cycle import LEASES_KEY, LedgerPlugin
+from shardsched.sharding.shard_plugins import LEASES_KEY, LedgerPlugin
 from test_shard import (RecordingRebalancer, all_bound, assert_cluster_safe, assert_ledger_matches_cluster, cluster_of,
                         new_shard, publish)
 

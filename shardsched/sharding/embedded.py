@@ -28,7 +28,7 @@ from shardsched.sharding.actors import coordinator_actor, kill_shard_actors
 from shardsched.sharding.calls import (ActorFailed, Channel, CoordinatorClient, MethodFailed, NoAnswer, RemoteDead,
                                       RemoteUnavailable, ShardHostClient, SimClusterClient, wait_all)
 from shardsched.sharding.remote import channel
-from shardsched.sharding.run_control import DropMessage, Interrupted, RunError, RunOptions, how_it_ended, interruptible
+from shardsched.sharding.run_control import RunError, RunOptions, how_it_ended, init_ray_deferring_signals, interruptible
 from shardsched.sharding.run_feed import WorkloadFeeder
 from shardsched.sharding.run_report import (ProcessMeter, RunReport, Sample, allocatable_of, ray_system_pids,
                                             scale_phases)
@@ -119,61 +119,15 @@ class EmbeddedRun:
             self._serve_metrics(o.metrics_port)
 
     def _init_ray(self) -> None:
-        """Start (or join) Ray, with SIGINT and SIGTERM deferred until it has started.
-
-        A signal in the middle of ``ray.init`` would leave what it started so far without an owner
-        (``ray.shutdown`` knows the node only at the end): the raylet goes with this process, but
-        its dashboard and runtime-env agents ignore SIGTERM and outlive it. So ``ray.init`` runs in
-        a helper thread, where it installs no SIGTERM handler of its own (in the main thread it
-        installs one that exits at once); the main thread waits, `interruptible` keeps the signal,
-        and it is raised once Ray is up, when `_stop` can shut all of it down. The helper thread
-        lives until `_stop` has shut Ray down: Ray ties its daemons to the thread that started them
-        (``PR_SET_PDEATHSIG``), which would end them with it. The handlers are set again afterwards:
-        Ray's core worker installs a native SIGTERM handler that dumps a stack and exits.
+        """Start (or join) Ray with SIGINT and SIGTERM deferred until it has started
+        (`init_ray_deferring_signals`; Ray's helper thread lives until `_stop` sets ``_ray_down``).
 
         Raises:
             RunError: Ray could not start or be joined.
             Interrupted: a signal came while it started (Ray is up; `_stop` shuts it down).
         """
-        o = self.options
         self._started_ray = True
-        outcome: list[BaseException] = []
-
-        up = threading.Event()
-
-        def init() -> None:
-            try:
-                # the run's job in shardsched's namespace, where its named (and detached) actors live
-                rayaccess.init(o.ray_address, RAY_NAMESPACE)
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                outcome.append(e)
-            up.set()
-            self._ray_down.wait()
-
-        in_main = threading.current_thread() is threading.main_thread()
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-        worker_log = logging.getLogger("ray._private.worker")
-        not_main = DropMessage("SIGTERM handler is not set because current thread is not the main thread")
-        worker_log.addFilter(not_main)
-        self._signals["defer"] = True
-        try:
-            thread = threading.Thread(target=init, name="ray-init", daemon=True)
-            thread.start()
-            while not up.wait(0.1):
-                pass
-        finally:
-            self._signals["defer"] = False
-            worker_log.removeFilter(not_main)
-            for sig, handler in handlers.items():
-                if handler is not None:
-                    signal.signal(sig, handler)
-        if outcome:
-            e = outcome[0]
-            raise RunError(f"could not start or join Ray ({o.ray_address or 'local'}): {e}") from None
-        if self._signals["pending"]:
-            self._signals["stopping"] = True
-            self._signals["received"] = self._signals["pending"]
-            raise Interrupted(self._signals["pending"])
+        init_ray_deferring_signals(self.options.ray_address, RAY_NAMESPACE, self._signals, self._ray_down)
 
     def _new_cluster(self) -> SimClusterClient:
         """The simulated cluster's actor, as its client (a subclass may serve a variant of

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardsched.errors import ShardschedError
+from shardsched.sharding import rayaccess
 from shardsched.sharding.scaling import COORDINATOR_NAME, AutoscalerOptions
 from shardsched.sharding.shard import ShardOptions
 from shardsched.sim.cluster import FaultConfig
@@ -82,6 +83,66 @@ def interruptible():
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
+
+
+def init_ray_deferring_signals(address: str | None, namespace: str, signals: dict[str, Any],
+                               ray_down: threading.Event) -> None:
+    """Start (or join) Ray at ``address`` (None: a local one) in ``namespace``, with SIGINT and
+    SIGTERM deferred until it has started; ``signals`` is the run's state that `interruptible`
+    keeps (``defer``, ``pending``, ``stopping``, ``received``); Ray's helper thread lives until
+    ``ray_down`` is set.
+
+    A signal in the middle of ``ray.init`` would leave what it started so far without an owner
+    (``ray.shutdown`` knows the node only at the end): the raylet goes with this process, but
+    its dashboard and runtime-env agents ignore SIGTERM and outlive it. So ``ray.init`` runs in
+    a helper thread, where it installs no SIGTERM handler of its own (in the main thread it
+    installs one that exits at once); the main thread waits, `interruptible` keeps the signal,
+    and it is raised once Ray is up, when the run's stop can shut all of it down. The helper thread
+    lives until the run's stop has shut Ray down: Ray ties its daemons to the thread that started them
+    (``PR_SET_PDEATHSIG``), which would end them with it. The handlers are set again afterwards:
+    Ray's core worker installs a native SIGTERM handler that dumps a stack and exits.
+
+    Raises:
+        RunError: Ray could not start or be joined.
+        Interrupted: a signal came while it started (Ray is up; the run's stop shuts it down).
+    """
+    outcome: list[BaseException] = []
+
+    up = threading.Event()
+
+    def init() -> None:
+        try:
+            # the run's job in shardsched's namespace, where its named (and detached) actors live
+            rayaccess.init(address, namespace)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            outcome.append(e)
+        up.set()
+        ray_down.wait()
+
+    in_main = threading.current_thread() is threading.main_thread()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    worker_log = logging.getLogger("ray._private.worker")
+    not_main = DropMessage("SIGTERM handler is not set because current thread is not the main thread")
+    worker_log.addFilter(not_main)
+    signals["defer"] = True
+    try:
+        thread = threading.Thread(target=init, name="ray-init", daemon=True)
+        thread.start()
+        while not up.wait(0.1):
+            pass
+    finally:
+        signals["defer"] = False
+        worker_log.removeFilter(not_main)
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+    if outcome:
+        e = outcome[0]
+        raise RunError(f"could not start or join Ray ({address or 'local'}): {e}") from None
+    if signals["pending"]:
+        signals["stopping"] = True
+        signals["received"] = signals["pending"]
+        raise Interrupted(signals["pending"])
 
 
 @dataclass

@@ -36,7 +36,7 @@ from shardsched.sharding.coordinator.state import CoordinatorState, ShardRef
 from shardsched.sharding.protocols import Handoff
 from shardsched.sharding.calls import ClusterClient, ShardClient
 from shardsched.sharding.scaling import AutoscalerOptions, ScaleStep
-from shardsched.sharding.binding_cycle import yield_writes_to_binds
+from shardsched.sharding.shard_plugins import yield_writes_to_binds
 from shardsched.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
