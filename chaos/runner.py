@@ -267,15 +267,18 @@ class ChaosRun(EmbeddedRun):
         bound before the check saw a killed shard is not settled until it has (the scenario's
         fault is then exercised, not raced by a fast workload). A frozen shard may come back
         before it is replaced, so freezes are not waited for."""
-        by_health = (status["replaced_shards"] + self.carried["replaced_shards"]
-                     - sum(1 for f in self.faults if f.action == "replace-shard" and not f.error))
-        return by_health >= sum(1 for f in self.faults if f.action == "kill-shard" and not f.error)
+        return self._replaced_by_health(status) >= sum(1 for f in self.faults if f.action == "kill-shard" and not f.error)
+
+    def _replaced_by_health(self, status: dict) -> int:
+        """Shards the health check replaced so far (the replacements that a ``replace-shard``
+        fault made itself left out)."""
+        return (status["replaced_shards"] + self.carried["replaced_shards"]
+                - sum(1 for f in self.faults if f.action == "replace-shard" and not f.error))
 
     def _note_replacements(self, status: dict) -> None:
         """Time from a shard's kill or freeze to its replacement by the health check (sampled every
         `SAMPLE_S`; replacements are matched to kills and freezes in order)."""
-        by_health = (status["replaced_shards"] + self.carried["replaced_shards"]
-                     - sum(1 for f in self.faults if f.action == "replace-shard" and not f.error))
+        by_health = self._replaced_by_health(status)
         victims = [f for f in self.faults if f.action in ("kill-shard", "freeze-shard") and not f.error]
         for f in victims[:max(0, by_health)]:
             f.details.setdefault("replaced_after_s", round(time.time() - f.start, 2))

@@ -32,7 +32,7 @@ thousandths it takes of each of its devices (`ledger_requests`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -146,6 +146,14 @@ def parse_devices(value: str | None) -> tuple[int, ...]:
     except ValueError:
         return ()
     return out if all(i >= 0 for i in out) else ()
+
+
+def devices_of_object(obj: Any) -> tuple[int, ...]:
+    """The device indices of a pod object's `DEVICES_ANNOTATION` (`parse_devices`); () for an
+    object without it, or that is not a dict."""
+    if not isinstance(obj, dict):
+        return ()
+    return parse_devices(((obj.get("metadata") or {}).get("annotations") or {}).get(DEVICES_ANNOTATION))
 
 
 def format_devices(devices: Sequence[int]) -> str:

@@ -25,7 +25,7 @@ from shardsched.api.volumes import VolumeCatalog
 from shardsched.api.podaffinity import NAMESPACE_NAME_LABEL, NO_POD_AFFINITY, AffinityTerm, LabelSelector, PodAffinity
 from shardsched.api.quantity import CPU, EPHEMERAL_STORAGE, MEMORY, PODS
 from shardsched.api.workloads import SpreadSelectors, WorkloadKey, WorkloadSelector
-from shardsched.cache.devices import DEVICES_ANNOTATION, DeviceColumns, DeviceRequest, device_request, node_devices, parse_devices
+from shardsched.cache.devices import DeviceColumns, DeviceRequest, device_request, devices_of_object, node_devices
 from shardsched.cache.pod_columns import PodColumns
 
 _INITIAL_RESOURCES = (CPU, MEMORY, PODS, EPHEMERAL_STORAGE)
@@ -70,8 +70,7 @@ class PodUsage:
         except ValueError:
             gpu = None  # the GPUDevice plugin's PreFilter rejects such a pod; counted by its sums only
         if devices is None:
-            devices = parse_devices(((pod.obj.get("metadata") or {}).get("annotations") or {}).get(DEVICES_ANNOTATION)) \
-                if gpu is not None and isinstance(pod.obj, dict) else ()
+            devices = devices_of_object(pod.obj) if gpu is not None else ()
         return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
                    pod.namespace, pod.labels, pod.deleting, pod.pod_affinity, pod.priority, pod.start_time_s,
                    pod.preempted, gpu, tuple(devices), pod.volumes)

@@ -26,7 +26,7 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.api.podaffinity import namespace_labels_of
 from shardsched.api.quantity import PODS
 from shardsched.api.requests import pod_requests
-from shardsched.cache.devices import DEVICES_ANNOTATION, parse_devices
+from shardsched.cache.devices import devices_of_object
 from shardsched.cache.node_table import PodUsage
 from shardsched.api.volumes import VolumeCatalog
 from shardsched.cluster import (ADDED, PDB, PODGROUP, SPREAD_SELECTOR_KINDS, STORAGE_KINDS, apply_pdb_events,
@@ -97,13 +97,6 @@ def _ledger_amounts(requests: Mapping[str, int], obj: Mapping[str, Any]) -> dict
         log.error("pod %s/%s is resized to %s, more than the ledger counts; counted as %d of each",
                   meta.get("namespace"), meta.get("name"), over, MAX_AMOUNT)
     return {k: min(v, MAX_AMOUNT) for k, v in requests.items()}
-
-
-def _bound_devices(obj: Mapping[str, Any]) -> tuple[int, ...] | None:
-    """The GPU devices of a bound pod's `DEVICES_ANNOTATION` (set from the Binding's annotations),
-    or None without one (`PodUsage.of` then reads the routed pod's and the table picks the rest)."""
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(DEVICES_ANNOTATION)
-    return parse_devices(value) if value else None
 
 
 class Intake:
@@ -415,10 +408,10 @@ class Intake:
                                   meta.get("namespace"), meta.get("name"), e)
                         continue
                 state.bound_on[uid] = node
-                # the devices its binder chose are on the bound pod (`DEVICES_ANNOTATION`), not on
+                # the devices its binder chose are on the bound pod (`devices_of_object`), not on
                 # the pod as it was routed: without them the table would pick its own best fit,
                 # which need not be the device the shard took
-                usage = PodUsage.of(pod, _bound_devices(obj))
+                usage = PodUsage.of(pod, devices_of_object(obj) or None)
                 state.table.add_pod(usage, node)
                 # the devices of its annotation, else the table's best fit (as the shards count it);
                 # not for a pod its shard reported committed under this map
