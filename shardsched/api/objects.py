@@ -418,6 +418,10 @@ class PodInfo:
         nominated_node_name: the node the coordinator chose for this pod over the whole cluster,
             for a pod whose constraints a shard cannot check alone (``Framework.needs_cluster_view``):
             the shard places the pod there or hands it back. Not read from the object.
+        nominated_devices: the GPU devices held for the pod on its nominated node (a preemptor's
+            nomination, a gang member's hold: indices in the node's order, `DEVICES_ANNOTATION`'s
+            numbering); the shards count the nomination on them and bind the pod on them when they
+            fit. () for none. Not read from the object.
         controller: (kind, name) of its controller when it is a ReplicationController, ReplicaSet
             or StatefulSet (`shardsched.api.workloads.controller_of`): PodTopologySpread's default
             constraints read that object's selector.
@@ -456,6 +460,7 @@ class PodInfo:
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     preempted: bool = False
     nominated_node_name: str = ""
+    nominated_devices: tuple[int, ...] = ()
     controller: tuple[str, str] | None = None
     volumes: PodVolumes = NO_VOLUMES
     signature: str = ""
@@ -467,9 +472,11 @@ class PodInfo:
         """``namespace/name``, the key kube uses in queues and caches."""
         return f"{self.namespace}/{self.name}"
 
-    def nominated(self, node: str) -> "PodInfo":
-        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it), signature updated."""
-        copy = dataclasses.replace(self, nominated_node_name=node)
+    def nominated(self, node: str, devices: tuple[int, ...] = ()) -> "PodInfo":
+        """A copy with ``nominated_node_name`` set to ``node`` ("" clears it) and
+        ``nominated_devices`` to ``devices`` (() without a node), signature updated."""
+        copy = dataclasses.replace(self, nominated_node_name=node,
+                                   nominated_devices=tuple(int(i) for i in devices) if node else ())
         copy.signature = _with_nomination(self.spec_signature, node)
         return copy
 

@@ -216,6 +216,11 @@ class DeviceColumns:
     def clear(self, slot: int) -> None:
         self.set_node(slot, 0, "", 0)
 
+    def valid(self, slot: int, devices: Sequence[int], req: DeviceRequest) -> bool:
+        """True if ``devices`` are ``req.count`` distinct devices of the slot (free or not)."""
+        n = int(self.count[slot])
+        return len(devices) == req.count and len(set(devices)) == len(devices) and all(0 <= i < n for i in devices)
+
     def fits(self, slot: int, devices: Sequence[int], req: DeviceRequest) -> bool:
         """True if ``devices`` (distinct, on the slot) each have ``req.milli`` free."""
         n = int(self.count[slot])

@@ -58,22 +58,32 @@ class PodUsage:
     #: indices of the devices it holds on its node (() before the table picks them)
     gpu: DeviceRequest | None = None
     devices: tuple[int, ...] = ()
+    #: counted on ``devices`` even where they do not fit now (`NodeTable._place_devices`): a
+    #: preemptor's nomination or a gang member's hold, whose devices were chosen with the victims gone
+    pinned: bool = False
     #: what the volume plugins read of a pod on a node: its claims, in-tree disks, inline volumes
     volumes: PodVolumes = NO_VOLUMES
 
     @classmethod
     def of(cls, pod: PodInfo, devices: tuple[int, ...] | None = None) -> "PodUsage":
         """A pod's usage; ``devices``: the devices chosen for it (None: those of its
-        `DEVICES_ANNOTATION`, if any; the table picks them when there are none)."""
+        `DEVICES_ANNOTATION`, if any; the table picks them when there are none).
+
+        A pod with ``nominated_devices`` on its ``nominated_node_name`` and no ``devices`` given
+        is counted on those, `pinned` (the nomination's or gang hold's devices)."""
         try:
             gpu = device_request(pod.requests)
         except ValueError:
             gpu = None  # the GPUDevice plugin's PreFilter rejects such a pod; counted by its sums only
+        pinned = False
         if devices is None:
-            devices = devices_of_object(pod.obj) if gpu is not None else ()
+            if gpu is not None and pod.nominated_devices and pod.nominated_node_name:
+                devices, pinned = pod.nominated_devices, True
+            else:
+                devices = devices_of_object(pod.obj) if gpu is not None else ()
         return cls(pod.uid, pod.key, pod.requests, pod.nonzero_cpu_milli, pod.nonzero_memory_bytes, pod.host_ports,
                    pod.namespace, pod.labels, pod.deleting, pod.pod_affinity, pod.priority, pod.start_time_s,
-                   pod.preempted, gpu, tuple(devices), pod.volumes)
+                   pod.preempted, gpu, tuple(devices), pinned, pod.volumes)
 
 
 #: kinds of the terms of counted pods in `NodeTable.term_slots`
@@ -374,9 +384,14 @@ class NodeTable:
     def _place_devices(self, slot: int, u: PodUsage) -> PodUsage:
         """Take the devices of a GPU pod: its own if they fit, else the table's best fit, else (a
         pod bound by someone else that does not fit: the cluster's truth is counted anyway) the
-        devices with the most free. Returns the usage with the devices it holds."""
+        devices with the most free. A pod whose own devices do not fit now but are ``pinned`` (a
+        nomination or gang hold, whose room its victims are still leaving) keeps them, over 1000
+        until the victims are gone. Returns the usage with the devices it holds."""
         dev, req = self.devices, u.gpu
-        devices = u.devices if dev.fits(slot, u.devices, req) else dev.pick(slot, req)
+        if u.pinned and dev.valid(slot, u.devices, req):
+            devices = u.devices
+        else:
+            devices = u.devices if dev.fits(slot, u.devices, req) else dev.pick(slot, req)
         if not devices:
             n = int(dev.count[slot])
             order = np.argsort(-dev.free[slot, :n], kind="stable")

@@ -158,7 +158,7 @@ class GenericScheduler:
         duration = self.duration_s
         duration[SCORE] += time.perf_counter() - t0 - (duration[FILTER] + duration[SCORE] - counted)
         if result.node is not None:
-            result.devices = self._devices(pod, result.node)
+            result.devices = self.device_choice(pod, result.node)
             if assume:
                 table.add_pod(PodUsage.of(pod, result.devices), result.node)
         return result
@@ -243,14 +243,19 @@ class GenericScheduler:
         duration[SCORE] += time.perf_counter() - t0 - (duration[FILTER] + duration[SCORE] - counted)
         return out
 
-    def _devices(self, pod: PodInfo, node: str) -> tuple[int, ...]:
+    def device_choice(self, pod: PodInfo, node: str) -> tuple[int, ...]:
         """The GPU devices ``pod`` takes on ``node``: the profile's device chooser's (a score
-        plugin with ``choose_devices``, GPUDevice), else the table's best fit; () for no GPU."""
+        plugin with ``choose_devices``, GPUDevice), else the table's best fit; () for no GPU or
+        when no devices of the node fit it now. On
+        its nominated node, the devices its nomination holds (``nominated_devices``) when they fit."""
         table = self.table
         slot = table.index[node]
-        usage = PodUsage.of(pod)
+        usage = PodUsage.of(pod, ())
         if usage.gpu is None:
             return ()
+        if pod.nominated_devices and node == pod.nominated_node_name and table.devices.fits(
+                slot, pod.nominated_devices, usage.gpu):
+            return pod.nominated_devices
         for ws in self.framework.score_plugins:
             choose = getattr(ws.plugin, "choose_devices", None)
             if choose is not None:

@@ -157,13 +157,15 @@ class GangCode(IntEnum):
 @dataclass(frozen=True, slots=True)
 class GangMember:
     """A gang member to hold on ``node``, which ``shard`` owns and will bind it; ``requests`` in
-    canonical units (``pods: 1`` always counted); ``priority`` as in `ReserveItem`."""
+    canonical units (``pods: 1`` always counted); ``priority`` and ``devices`` (the GPU devices
+    held for it on the node, each for its share) as in `ReserveItem`."""
 
     uid: str
     node: str
     shard: str
     requests: Mapping[str, int]
     priority: int = 0
+    devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +187,16 @@ class GangResult:
 class NominateItem:
     """A preemptor's nomination for `Ledger.nominate_many`: ``requests`` in canonical units held on
     ``node`` for pods of priority <= ``priority``; ``victims``, the uids of the pods deleted for it
-    there."""
+    there; ``devices``, the GPU devices held for it on the node, each for its share (as in
+    `ReserveItem`: checked against the device's room net of the victims, and counted by
+    `reserve` for every other pod of the device)."""
 
     uid: str
     node: str
     priority: int
     requests: Mapping[str, int]
     victims: tuple[str, ...] = ()
+    devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,9 +578,10 @@ class Ledger:
     # Nominations (preemption)
 
     def nominate(self, uid: str, node: str, priority: int, requests: Mapping[str, int],
-                 victims: Sequence[str], ttl_ms: int) -> NominateResult:
+                 victims: Sequence[str], ttl_ms: int, devices: Sequence[int] = ()) -> NominateResult:
         """One nomination (`nominate_many`)."""
-        return self.nominate_many([NominateItem(uid, node, priority, requests, tuple(victims))], ttl_ms)[0]
+        return self.nominate_many([NominateItem(uid, node, priority, requests, tuple(victims), tuple(devices))],
+                                  ttl_ms)[0]
 
     @_translate_errors
     def nominate_many(self, items: Sequence["NominateItem"], ttl_ms: int) -> list[NominateResult]:
@@ -587,7 +593,10 @@ class Ledger:
         nominations of priority >= its own) + requests <= allocatable for every resource. On
         success the node's nominations of lower priority are dropped (upstream clears them) and
         named in the result; a nomination of the same uid already there is replaced. In order,
-        each recorded nomination counting for the next; one Redis call for the batch.
+        each recorded nomination counting for the next; one Redis call for the batch. An item's
+        ``devices`` are resources of the node like the others (`device_resource`), so the check is
+        per GPU device (net of the victims' shares of it) and the nomination holds its share on
+        those devices only.
 
         Call it before deleting the victims: a refused nomination deletes nothing.
 
@@ -600,7 +609,8 @@ class Ledger:
         nodes = list(dict.fromkeys(it.node for it in items))
         index = {n: j for j, n in enumerate(nodes, 1)}
         keys = [k for n in nodes for k in (*self._node_keys([n]), self._nom_key(n))]
-        batch = [[it.uid, index[it.node], int(it.priority), _encode_resources(it.requests, pod=True), list(it.victims)]
+        batch = [[it.uid, index[it.node], int(it.priority),
+                  _encode_resources(ledger_requests(it.requests, it.devices), pod=True), list(it.victims)]
                  for it in items]
         out = json.loads(self._scripts["nominate"](keys=keys, args=[ttl_ms, _json(batch)]))
         return [NominateResult(ReserveCode(code), detail, tuple(dropped) if isinstance(dropped, list) else ())
@@ -620,7 +630,8 @@ class Ledger:
         be known (else NODE_UNKNOWN); for every requested resource and the pod count, used +
         reserved + the node's nominations of other pods of priority >= the member's (those of the
         gangs held before it in this call included) + the gang's members placed on the node before
-        it + request <= allocatable (else INSUFFICIENT). A gang's first failure writes nothing for
+        it + request <= allocatable (else INSUFFICIENT), a member's ``devices`` checked and held as
+        resources of the node (`device_resource`), one share per device. A gang's first failure writes nothing for
         that gang; the next gang is checked all the same. A gang that passes has every member
         recorded as a nomination on its node for ``ttl_ms`` ms of server time
         (`renew_nominations` extends, `unnominate` releases them), which `reserve` counts for
@@ -640,8 +651,8 @@ class Ledger:
         index = {n: j for j, n in enumerate(nodes, 1)}
         keys = [f"{self.prefix}epoch", f"{self.prefix}owners"] + [self._pod_key(m.uid) for m in members]
         keys += self._node_keys(nodes) + [self._nom_key(n) for n in nodes]
-        items = [[m.uid, index[m.node], m.shard, _encode_resources(m.requests, pod=True), int(m.priority)]
-                 for m in members]
+        items = [[m.uid, index[m.node], m.shard, _encode_resources(ledger_requests(m.requests, m.devices), pod=True),
+                  int(m.priority)] for m in members]
         ends = list(itertools.accumulate(len(g) for g in gangs))
         out = json.loads(self._scripts["gang_reserve"](keys=keys, args=[int(epoch), ttl_ms, _json([nodes, items, ends])]))
         return [GangResult(GangCode(code), members[at - 1].uid if at else "", detail) for code, at, detail in out]

@@ -315,8 +315,9 @@ class Gangs:
         retry them after a backoff. A gang's attempt lasts its decision plus the ledger call."""
         state = self.state
         t0 = time.perf_counter()
-        gangs = [[GangMember(t.pod.uid, node, state.shards[state.owners[node]].member, t.pod.requests, t.pod.priority)
-                  for t, node in p.placed] for p in batch]
+        # each member's GPU devices: those its assume took in the table (`GenericScheduler.device_choice`)
+        gangs = [[GangMember(t.pod.uid, node, state.shards[state.owners[node]].member, t.pod.requests, t.pod.priority,
+                             state.table.devices_of(t.pod.uid)) for t, node in p.placed] for p in batch]
         try:
             results = state.ledger.reserve_gangs(state.epoch, gangs, NOMINATION_TTL_MS)
         except Exception as e:  # noqa: BLE001 - the ledger away (TemporaryError) or a bug: nothing held
@@ -331,7 +332,7 @@ class Gangs:
             return
         hold_s = time.perf_counter() - t0
         by_shard: dict[int, list[PodInfo]] = defaultdict(list)
-        for p, res in zip(batch, results):
+        for p, res, members in zip(batch, results, gangs):
             if not res.ok:
                 # the ledger knows better than this table (another scheduler's pods, a shard's
                 # batch, a new epoch): nothing is held, the gang is decided again after a backoff
@@ -341,10 +342,11 @@ class Gangs:
                 self._retry(p.key)
                 self._measure(ERROR, p.decide_s + hold_s)
                 continue
-            for t, node in p.placed:
+            for (t, node), m in zip(p.placed, members):
                 owner = state.owners[node]
                 state.nominated[t.pod.uid] = node  # the assume stays until the pod binds
-                t.pod, t.shard, t.unschedulable = t.pod.nominated(node), owner, False  # t.pod is slim
+                # t.pod is slim; the shard binds it on the devices held for it when they fit there
+                t.pod, t.shard, t.unschedulable = t.pod.nominated(node, m.devices), owner, False
                 state.routed[owner] += 1
                 by_shard[owner].append(t.pod)
                 self.in_flight[p.key][t.pod.uid] = node

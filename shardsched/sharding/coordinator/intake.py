@@ -450,6 +450,8 @@ class Intake:
                 if nominated in state.table.index and uid not in state.nominated:
                     state.table.add_pod(PodUsage.of(pod), nominated)
                     state.nominated[uid] = nominated
+                    # its GPU devices: the table's best fit there (the ledger holds those at renewal)
+                    state.preempting[uid].devices = state.table.devices_of(uid)
         self.ledger_sync.owe_pods(observe, forget)
         self.ledger_sync.flush()
         self.preemption.forget(preemptors_done)

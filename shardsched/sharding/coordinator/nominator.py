@@ -4,9 +4,13 @@ deleted or handed back (`unnominate`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardsched.api.objects import PodInfo
+from shardsched.cache.node_table import PodUsage
 from shardsched.errors import TemporaryError
-from shardsched.scheduler.algorithm import ScheduleResult
+from shardsched.framework.interface import PostFilterResult
+from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
 from shardsched.sharding.coordinator.state import CoordinatorState
 
 
@@ -45,7 +49,7 @@ def nominate(state: CoordinatorState, pod: PodInfo) -> tuple[int | None, PodInfo
         return None, None
     state.nominated[pod.uid] = result.node
     state.counters["nominated"] += 1
-    return owner, pod.nominated(result.node)
+    return owner, pod.nominated(result.node, result.devices)
 
 
 def unnominate(state: CoordinatorState, uid: str) -> None:
@@ -64,3 +68,25 @@ def release_ledger_holds(state: CoordinatorState, holds: dict[str, str], what: s
         state.ledger.unnominate(holds)
     except TemporaryError as e:
         state.last_error = f"{what} not released: {e}"
+
+
+def nomination_devices(sched: GenericScheduler, pod: PodInfo, pf: PostFilterResult) -> tuple[int, ...]:
+    """The GPU devices a preemptor is nominated to on ``pf.nominated_node``: those its profile
+    would take there (`GenericScheduler.device_choice`) with ``pf.victims`` gone, chosen with the
+    victims out of the table (put back as they were, `PodUsage.pinned`). () for a pod without
+    GPUs, or when no device set fits once they are gone (a profile without GPUDevice's Filter,
+    which counts GPUs in aggregate: the nomination then holds the node's sums only)."""
+    if PodUsage.of(pod, ()).gpu is None:
+        return ()
+    table = sched.table
+    node = pf.nominated_node
+    out = []
+    for v in pf.victims:
+        u = table.remove_pod(v.uid)
+        if u is not None:
+            out.append(u)
+    try:
+        return sched.device_choice(pod, node)
+    finally:
+        for u in out:
+            table.add_pod(replace(u, pinned=True), node)

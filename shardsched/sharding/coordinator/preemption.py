@@ -54,7 +54,7 @@ from shardsched.errors import TemporaryError
 from shardsched.framework.interface import PostFilterResult
 from shardsched.scheduler.algorithm import GenericScheduler, ScheduleResult
 from shardsched.store.ledger import NominateItem
-from shardsched.sharding.coordinator.nominator import release_ledger_holds, unnominate
+from shardsched.sharding.coordinator.nominator import nomination_devices, release_ledger_holds, unnominate
 from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,13 @@ class Outcome:
             freed; ``message`` has upstream's ``preemption: ...`` part).
         node: the node for FITS, NOMINATED and WAITING.
         message: the FailedScheduling message of the attempt.
+        devices: the GPU devices the pod takes or is nominated to on ``node`` (() for none).
     """
 
     kind: str
     node: str | None = None
     message: str = ""
+    devices: tuple[int, ...] = ()
 
 
 def cluster_scheduler(state: CoordinatorState, pod: PodInfo) -> GenericScheduler:
@@ -105,6 +107,7 @@ class _Writes:
     all_victims: tuple[str, ...]
     previous: str
     message: str
+    devices: tuple[int, ...] = ()
 
 
 class _Failed:
@@ -165,12 +168,13 @@ class Preemption:
         try:
             result = sched.schedule(pod, assume=False)
             if result.node is not None:
-                return Outcome(FITS, result.node)
+                return Outcome(FITS, result.node, devices=result.devices)
             sched.pdbs = list(state.pdbs.values())
             t0 = time.perf_counter()
             pf = sched.post_filter(pod.nominated(nominated), result.status)
             state.metrics.preemption_evaluation.observe(time.perf_counter() - t0)
             state.metrics.preemption_attempts.inc()
+            devices = nomination_devices(sched, pod, pf) if pf is not None and pf.status.is_success() else ()
         finally:
             for usage, node in hidden:
                 state.table.add_pod(usage, node)
@@ -180,11 +184,11 @@ class Preemption:
             return Outcome(FAILED, None, message)
         if not pf.status.is_success():
             if pf.nominated_node is None and nominated:
-                return Outcome(WAITING, nominated, message)
+                return Outcome(WAITING, nominated, message, held.devices)
             self.clear(pod)
             return Outcome(FAILED, None, message)
-        self._prepare(pod, pf, message)
-        return Outcome(NOMINATED, pf.nominated_node, message)
+        self._prepare(pod, pf, message, devices)
+        return Outcome(NOMINATED, pf.nominated_node, message, devices)
 
     def _hide_nominated(self, pod: PodInfo) -> list:
         """Take out of the table the pod itself and the nominated pods of lower priority (upstream
@@ -203,15 +207,16 @@ class Preemption:
         return out
 
     # ------------------------------------------------------------------ the writes
-    def _prepare(self, pod: PodInfo, pf: PostFilterResult, message: str) -> None:
+    def _prepare(self, pod: PodInfo, pf: PostFilterResult, message: str, devices: tuple[int, ...] = ()) -> None:
         """Upstream ``prepareCandidate``, decided here and written by `flush` (module docstring):
         the victims marked terminating by a preemption in the table and the pod's nomination
         recorded, so that the pods decided next in this pass see both. ``message``: the attempt's
-        FailedScheduling message, written with the nomination."""
+        FailedScheduling message, written with the nomination; ``devices``: the GPU devices it
+        holds on the node (`nomination_devices`)."""
         state = self.state
         node = pf.nominated_node
         held = state.preempting.get(pod.uid)
-        nom = Nomination(node, dict(held.victims) if held else {})
+        nom = Nomination(node, dict(held.victims) if held else {}, devices)
         fresh = []
         for u in pf.victims:
             if u.uid in nom.victims or (u.deleting and u.preempted):  # already going: not deleted again
@@ -219,12 +224,12 @@ class Preemption:
             nom.victims[u.uid] = u.key
             fresh.append(u)
             if state.table.remove_pod(u.uid) is not None:
-                state.table.add_pod(replace(u, deleting=True, preempted=True), node)
+                state.table.add_pod(replace(u, deleting=True, preempted=True, pinned=True), node)
         state.metrics.preemption_victims.observe(len(pf.victims))
         state.counters["preemptions"] += 1
         state.preempting[pod.uid] = nom
         self._writes.append(_Writes(pod, node, fresh, tuple(u.uid for u in pf.victims), held.node if held else "",
-                                    message))
+                                    message, devices))
 
     def flush(self) -> None:
         """What the preemptions decided since the last call write, in two calls for a whole
@@ -240,7 +245,8 @@ class Preemption:
         if not writes:
             return
         state = self.state
-        items = [NominateItem(w.pod.uid, w.node, w.pod.priority, w.pod.requests, w.all_victims) for w in writes]
+        items = [NominateItem(w.pod.uid, w.node, w.pod.priority, w.pod.requests, w.all_victims, w.devices)
+                 for w in writes]
         try:
             results = state.ledger.nominate_many(items, NOMINATION_TTL_MS)
         except TemporaryError as e:
@@ -372,7 +378,7 @@ class Preemption:
                                                  if u.deleting and u.preempted and u.priority < pod.priority]
                 victims = list(dict.fromkeys([*held.victims, *going]))
                 if not state.ledger.nominate(uid, held.node, pod.priority, pod.requests, victims,
-                                             NOMINATION_TTL_MS).ok:
+                                             NOMINATION_TTL_MS, held.devices).ok:
                     held.node = ""
         except TemporaryError as e:
             state.last_error = f"nominations not renewed: {e}"

@@ -187,10 +187,11 @@ class Rebalancer:
         if out.kind in (FITS, NOMINATED, WAITING):
             # pinned to the node (a preemptor, or a pod whose node only the whole cluster's view can
             # choose), assumed there in the whole-cluster table until it binds
-            state.table.add_pod(PodUsage.of(pod), out.node)
+            # (a preemptor on the GPU devices its nomination holds, pinned there while its victims go)
+            qpi.pod_info = pod.nominated(out.node, out.devices)
+            t.pod = t.pod.nominated(out.node, out.devices)
+            state.table.add_pod(PodUsage.of(qpi.pod_info), out.node)
             state.nominated[pod.uid] = out.node
-            qpi.pod_info = pod.nominated(out.node)
-            t.pod = t.pod.nominated(out.node)
             if out.kind == FITS:
                 t.shard = owner
                 state.routed[owner] += 1

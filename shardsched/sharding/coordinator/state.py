@@ -42,10 +42,12 @@ class ShardRef:
 class Nomination:
     """A preemptor's nomination (`shardsched.sharding.coordinator.preemption`): its node ("" once
     cleared), and every pod deleted for it so far (uid -> key; any node, kept across nominations so
-    that no victim is deleted twice for the same preemptor)."""
+    that no victim is deleted twice for the same preemptor), and the GPU devices it holds on the
+    node (() for none)."""
 
     node: str
     victims: dict[str, str] = field(default_factory=dict)
+    devices: tuple[int, ...] = ()
 
 
 @dataclass

@@ -15,7 +15,8 @@
 -- ARGV[2]        ttl_ms: lifetime of the nominations, milliseconds of server time
 -- ARGV[3]        JSON [node names, members, ends]: node j's name at index j; member i is
 --                [uid, node index j (1-based), the shard id that owns the node and will bind it,
---                 requests (resource list as a JSON string, incl. pods=1), priority (integer)];
+--                 requests (resource list as a JSON string, incl. pods=1 and its GPU devices'
+--                 shardsched.io/gpu-device-<i>, so a hold is checked and kept per device), priority (integer)];
 --                gang g is members ends[g-1]+1 .. ends[g] (ends[0] = 0), a uid in one gang only
 --
 -- The checks, per gang, member by member in order, the first failure ending that gang with

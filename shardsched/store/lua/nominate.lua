@@ -10,7 +10,8 @@
 --                       pods=1), victim uids (array), expiry (server ms)]
 -- ARGV[1]    ttl_ms: lifetime of the nominations, milliseconds of server time
 -- ARGV[2]    JSON array of nominations, each [uid, node index j (1-based), priority (integer),
---            requests (resource list, incl. pods=1), uids of its victims on the node (array)]
+--            requests (resource list, incl. pods=1, and the thousandths it holds of each of its GPU
+--            devices as resources shardsched.io/gpu-device-<i>), uids of its victims on the node (array)]
 --
 -- The check, for every requested resource: used - (what the victims of every live nomination of
 -- the node, this one's included, hold in "u:") + reserved + (the requests of the other live
