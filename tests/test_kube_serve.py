@@ -304,11 +304,14 @@ def leader_election_scenario(api_server_sim_create, bound_check, kubeconfig: str
             "--leader-elect-retry-period", "1"]
     a, b = Serve(kubeconfig, redis_url, *args), Serve(kubeconfig, redis_url, *args)
     processes.extend([a, b])
-    wait_for(lambda: a.leading() or b.leading(), 30, "a leader")
+    wait_for(lambda: a.leading() or b.leading(), 60, "a leader")
     time.sleep(1.5)
     assert a.leading() != b.leading(), "exactly one active coordinator"
     leader, standby = (a, b) if a.leading() else (b, a)
+    # the standby reports its phase once its own start-up is done (slow on a loaded machine)
+    wait_for(lambda: standby.readyz()[1].get("phase") != "starting", 30, "the standby's start-up")
     assert standby.readyz()[1].get("phase") == "standby"
+    assert not standby.leading(), "the standby never leads while the leader renews"
     try:
         api_server_sim_create("first")
         wait_for(lambda: bound_check("first"), what="bound by the leader")
