@@ -256,9 +256,10 @@ def test_preemption_deletes_the_victims_a_budget_allows_and_the_preemptor_binds(
     (``PreemptionByScheduler``) and a ``Preempted`` Event, are deleted with their grace period and
     stay Terminating (no kubelet) while the preemptor waits nominated to n1; the test's "kubelet"
     then ends them (a DELETE with grace 0 on envtest; on the simulated cluster its clock passes the
-    grace period) and the preemptor binds to n1. kube's API server before 1.34 keeps
-    ``status.nominatedNodeName`` after the bind (KEP-5278 clears it on binding), and so does
-    shardsched."""
+    grace period) and the preemptor binds to n1. ``status.nominatedNodeName`` stays after the bind:
+    kube-scheduler does not clear it on success, and the API server clears it on binding only from
+    1.35 (the ClearingNominatedNodeNameAfterBinding gate, alpha in 1.34), so a v1.24 server keeps it
+    as the simulated cluster does."""
     for name, value in PRIORITY_CLASSES.items():
         backend.create_priority_class(name, value)
     backend.create_nodes([a_node("n0", cpu="2"), a_node("n1", cpu="2")])
@@ -377,3 +378,127 @@ def test_a_gang_that_fits_is_bound_whole_and_one_that_does_not_has_no_member_bou
         assert status["phase"] == "Running" and status["running"] == 3, status
         assert status["scheduleStartTime"]
         assert (backend.get_pod_group("default", "toobig").get("status") or {})["phase"] == "Scheduling"
+
+
+# ---------------------------------------------------------------------------------------- #30 volumes
+DRIVER = "csi.example.com"
+
+
+def hostname_affinity(node_name: str) -> dict:
+    return {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name]}]}]}}
+
+
+def storage_class(name: str, provisioner: str, mode: str) -> dict:
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+            "provisioner": provisioner, "volumeBindingMode": mode, "reclaimPolicy": "Retain"}
+
+
+def pv(name: str, storage_class_name: str, node_name: str, claim: dict | None = None) -> dict:
+    spec = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": storage_class_name,
+            "persistentVolumeReclaimPolicy": "Retain", "csi": {"driver": DRIVER, "volumeHandle": f"handle-{name}"},
+            "nodeAffinity": hostname_affinity(node_name)}
+    if claim is not None:
+        spec["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": "default",
+                            "name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"]}
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": spec}
+
+
+def pvc(name: str, storage_class_name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class_name,
+                     "resources": {"requests": {"storage": "1Gi"}}}}
+
+
+def csi_node(node_name: str, count: int) -> dict:
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node_name},
+            "spec": {"drivers": [{"name": DRIVER, "nodeID": f"id-{node_name}", "topologyKeys": ["kubernetes.io/hostname"],
+                                  "allocatable": {"count": count}}]}}
+
+
+def claim_user(name: str, claim: str) -> dict:
+    p = our_pod(name, cpu="100m")
+    p["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    return p
+
+
+def test_volumes_go_where_their_pvs_allow_within_the_csi_limits_and_shardsched_writes_the_binding(
+        backend, run_scheduler):
+    """StorageClasses (WaitForFirstConsumer static, WaitForFirstConsumer provisioned by a CSI
+    driver, Immediate), a PV that only node v1 reaches, CSINodes allowing one volume of the driver
+    per node, all created through the API. No PV controller or provisioner runs on envtest: the
+    test does their part once shardsched has written its half (the PV's claimRef; the claim's
+    ``volume.kubernetes.io/selected-node``), and checks before that the pod waits unbound.
+
+    1. ``db`` (static claim): v1, the only node its PV allows; shardsched writes the PV's claimRef.
+    2. ``scratch`` (provisioned claim): v1 is at its CSI limit (``db``'s volume), so v0, named by
+       shardsched in the claim's selected-node annotation; the provisioner's PV then binds it.
+    3. ``over`` (another provisioned claim): both nodes at their limit, NodeVolumeLimits' message;
+       ``fast`` (an unbound Immediate claim): VolumeBinding's PreFilter message."""
+    for sc in (storage_class("feat-local", "kubernetes.io/no-provisioner", "WaitForFirstConsumer"),
+               storage_class("feat-csi", DRIVER, "WaitForFirstConsumer"),
+               storage_class("feat-immediate", "kubernetes.io/no-provisioner", "Immediate")):
+        backend.create_volume_object(sc)
+    backend.create_nodes([a_node("v0"), a_node("v1")])
+    for n in ("v0", "v1"):
+        backend.create_volume_object(csi_node(n, 1))
+    backend.create_volume_object(pv("pv-a", "feat-local", "v1"))
+    if backend.name == "envtest":  # the PV controller's part: a new PV becomes Available
+        backend.admin.request("PATCH", "/api/v1/persistentvolumes/pv-a/status", verb="patch",
+                              resource="persistentvolumes", body={"status": {"phase": "Available"}},
+                              content_type=MERGE_PATCH)
+    for name, sc in (("data", "feat-local"), ("scratch", "feat-csi"), ("over", "feat-csi"), ("fast", "feat-immediate")):
+        backend.create_volume_object(pvc(name, sc))
+    rt = run_scheduler()
+
+    # 1. the static claim: its PV's node, claimRef written by shardsched
+    backend.create_pods([claim_user("db", "data")])
+    data = backend.get_volume_object("PersistentVolumeClaim", "data", "default")
+    wait_for(lambda: (backend.get_volume_object("PersistentVolume", "pv-a")["spec"].get("claimRef") or {}).get("name")
+             == "data", 30, "pv-a's claimRef written")
+    ref = backend.get_volume_object("PersistentVolume", "pv-a")["spec"]["claimRef"]
+    assert (ref["namespace"], ref["name"], ref["uid"]) == ("default", "data", data["metadata"]["uid"])
+    if backend.name == "envtest":
+        assert node_of(backend, "db") == "", "PreBind waits for the claim to be bound"
+        backend.complete_pv_binding("pv-a", "default", "data")
+    wait_for(lambda: node_of(backend, "db") == "v1", 30, "db bound to v1")
+
+    # 2. the provisioned claim: v1 is full of volumes, shardsched selects v0 for provisioning
+    backend.create_pods([claim_user("scratch-user", "scratch")])
+
+    def selected() -> str:
+        obj = backend.get_volume_object("PersistentVolumeClaim", "scratch", "default")
+        return (obj["metadata"].get("annotations") or {}).get("volume.kubernetes.io/selected-node", "")
+
+    wait_for(lambda: selected() == "v0", 30, "the claim's selected-node annotation")
+    if backend.name == "envtest":  # the external provisioner's part, then the PV controller's
+        assert node_of(backend, "scratch-user") == ""
+        claim = backend.get_volume_object("PersistentVolumeClaim", "scratch", "default")
+        backend.create_volume_object(pv("pv-scratch", "feat-csi", "v0", claim=claim))
+        backend.complete_pv_binding("pv-scratch", "default", "scratch")
+    wait_for(lambda: node_of(backend, "scratch-user") == "v0", 30, "scratch-user bound to v0")
+
+    # 3. no room for another volume of the driver; an unbound Immediate claim
+    backend.create_pods([claim_user("over-user", "over"), claim_user("fast-user", "fast")])
+    wait_for(lambda: pod_scheduled(backend, "over-user") and pod_scheduled(backend, "fast-user"), 30,
+             "the PodScheduled conditions")
+    assert pod_scheduled(backend, "over-user")["message"] == (
+        "0/2 nodes are available: 2 node(s) exceed max volume count. preemption: 0/2 nodes are available: "
+        "2 No preemption victims found for incoming pod..")
+    assert pod_scheduled(backend, "fast-user")["message"] == (
+        "0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/2 nodes are "
+        "available: 2 Preemption is not helpful for scheduling..")
+    assert selected() == "v0" and not node_of(backend, "over-user") and not node_of(backend, "fast-user")
+    assert rt.status()["unschedulable"] == 2
+
+    if backend.name == "envtest":  # deploy/rbac: what serve needs for the storage kinds, and no more
+        cluster = backend.cluster
+        assert cluster.missing_permissions("kube-system", "shardsched") == []  # STORAGE_PERMISSIONS included
+        for verb, group, resource, sub in [("update", "", "persistentvolumes", ""),
+                                           ("create", "", "persistentvolumes", ""),
+                                           ("delete", "", "persistentvolumes", ""),
+                                           ("update", "", "persistentvolumeclaims", ""),
+                                           ("patch", "", "persistentvolumeclaims", "status"),
+                                           ("create", "storage.k8s.io", "csinodes", ""),
+                                           ("update", "storage.k8s.io", "storageclasses", "")]:
+            assert ssar_denied(cluster, verb, group, resource, sub), f"{verb} {resource}/{sub} must be denied"
