@@ -42,10 +42,14 @@ class PodColumns:
     def __init__(self, table: NodeTable) -> None:
         self.table = table
         self._position: int | None = None
+        #: moves whenever the rows are laid out anew (`sync` rebuilding everything): a reader that
+        #: keeps row numbers of unchanged nodes across syncs checks it
+        self.generation = -1
         self._reset(0)
 
     def _reset(self, pods: int) -> None:
         cap = max(64, 2 * pods)
+        self.generation += 1
         self.rows = 0
         self.slot = np.full(cap, -1, np.int32)
         self.priority = np.zeros(cap, np.int64)

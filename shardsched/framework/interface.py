@@ -245,6 +245,12 @@ class PostFilterHandle(Protocol):
         rejection with its reasons, its code and the plugin's name."""
         ...
 
+    def node_local(self, pod: PodInfo) -> bool:
+        """Whether the Filter results of ``pod`` on a node depend on that node alone (its pods, its
+        attributes), not on other nodes' pods (no pod affinity or topology spread in play): a
+        search may then reuse a node's result while the node does not change."""
+        ...
+
     def pre_filter(self, pod: PodInfo) -> tuple[CycleState, list[FilterPlugin], Status]:
         """The profile's PreFilter plugins for ``pod`` over the table as it is now: the cycle
         state, the Filter plugins that take part (not skipped, in the order `filter_node` runs

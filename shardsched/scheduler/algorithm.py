@@ -310,6 +310,15 @@ class GenericScheduler:
                 return Status(code, tuple(f.failure_reasons(state, pod, table, one)), f.name)
         return Status.success()
 
+    def node_local(self, pod: PodInfo) -> bool:
+        """Whether the pod's Filter results on a node change only with that node's pods and
+        attributes (`PostFilterHandle.node_local`): no PreFilter rejected it and no topology plugin
+        took part in its cached decision (pod affinity and anti-affinity, the pod's or existing
+        pods', and topology spread read other nodes); the cache keeps such results per changed
+        node on the same condition."""
+        entry = self._entry(pod)
+        return entry.rejected is None and not entry.topology
+
     def post_filter(self, pod: PodInfo, status: Status) -> PostFilterResult | None:
         """Run the profile's PostFilter plugins for a pod that fits no node (``status`` is the failed
         attempt's, with its `Diagnosis`), as upstream ``RunPostFilterPlugins``: the first that

@@ -45,6 +45,7 @@ from shardsched.framework.diagnosis import Diagnosis, fit_error_message
 from shardsched.framework.interface import PostFilterHandle, PostFilterPlugin, PostFilterResult
 from shardsched.framework.status import Code, Status
 from shardsched.plugins.defaultpreemption import search
+from shardsched.plugins.defaultpreemption.shared import SharedSearch, Window
 
 NAME = "DefaultPreemption"
 NO_VICTIMS = "No preemption victims found for incoming pod"
@@ -211,16 +212,20 @@ class DefaultPreemption(PostFilterPlugin):
         min_candidate_nodes_absolute: >= 0, default 100 (not both 0).
         vectorized: the victim search over arrays where it gives the same answer (`search`); False
             runs the per-node search on every node (the tests compare the two).
+        shared: keep each signature's evaluation of every node between PostFilters and evaluate
+            again only the nodes that changed (`shared.SharedSearch`), where it gives the same
+            answer; False searches afresh every time (the tests compare the two).
     """
 
     name = NAME
 
     def __init__(self, min_candidate_nodes_percentage: int = 10, min_candidate_nodes_absolute: int = 100,
-                 vectorized: bool = True) -> None:
+                 vectorized: bool = True, shared: bool = True) -> None:
         self.min_candidate_nodes_percentage = min_candidate_nodes_percentage
         self.min_candidate_nodes_absolute = min_candidate_nodes_absolute
         self.vectorized = vectorized
         self._pdb_members = search.PdbMembers()
+        self._shared = SharedSearch() if shared and vectorized else None
 
     def num_candidates(self, num_nodes: int) -> int:
         """Upstream ``calculateNumCandidates``: n * percentage / 100, at least the absolute number,
@@ -270,6 +275,9 @@ class DefaultPreemption(PostFilterPlugin):
             want = self.num_candidates(len(slots))
             offset = int(handle.rng.integers(len(slots)))
             order = np.roll(slots, -offset)
+            w = self._shared.window(pod, handle, order, want, self._pdb_members) if self._shared else None
+            if w is not None:
+                return self._from_window(pod, handle, order, w, looked_at, statuses)
             p = (search.plan if self.vectorized else search.exact_plan)(pod, handle, order)
             looked_at += self._walk(pod, handle, p, want, found, statuses)
         if not found.count:
@@ -277,6 +285,22 @@ class DefaultPreemption(PostFilterPlugin):
                                     nominated_node="")
         victims, violations, position = found.best(table.pod_columns())
         return PostFilterResult(Status.success(), table.names[int(order[position])], tuple(victims), violations)
+
+    def _from_window(self, pod: PodInfo, handle: PostFilterHandle, order: np.ndarray, w: Window, looked_at: int,
+                     statuses: Counter[str]) -> PostFilterResult:
+        """`post_filter`'s answer from the shared search's candidates (as `_Found.best` picks)."""
+        if not len(w.positions):
+            if w.no_victims:
+                statuses[NO_VICTIMS] += w.no_victims
+            statuses.update(w.short)
+            message = PREFIX + fit_error_message(looked_at + w.no_victims + w.no_fit, statuses)
+            return PostFilterResult(Status(Code.UNSCHEDULABLE, (message,), NAME), nominated_node="")
+        violations = w.columns[0]
+        first = np.lexsort((np.arange(len(violations)), violations > 0))
+        i = int(first[pick_best(*(c[first] for c in w.columns))])
+        slot = int(w.slots[i])
+        victims = self._shared.victims(pod, handle, slot)
+        return PostFilterResult(Status.success(), handle.table.names[slot], tuple(victims), int(violations[i]))
 
     def _walk(self, pod: PodInfo, handle: PostFilterHandle, p: search.Plan, want: int, found: _Found,
               statuses: Counter[str]) -> int:

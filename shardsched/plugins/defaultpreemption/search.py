@@ -64,35 +64,45 @@ def exact_plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Pla
 def plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Plan:
     """Classify the nodes of ``order`` (table slots) for ``pod`` (module docstring). Reads the
     table, runs the profile's PreFilters and the non-resource Filters once over every node."""
+    p = classify(pod, handle)
+    return Plan(order, p.kind[order], p.check, p.short, p.free_all)
+
+
+def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = None) -> Plan:
+    """`plan` over table slots: the answer's ``order`` is ``where`` (every slot [0, n) when None)
+    and its ``kind``, ``short`` and ``free_all`` are aligned with it (columns, for ``short`` and
+    ``free_all``). The non-resource Filters run on those slots only. ``check`` is None when every
+    node with victims is EXACT, whatever the slots (the profile, the pod, a PreFilter rejection)."""
     table = handle.table
     n = table.n
+    at = np.arange(n) if where is None else where
     below = table.pod_columns().requested_below(pod.priority, n)
     if below is None:
-        return Plan(order, np.full(len(order), NO_VICTIMS, np.int8))
+        return Plan(at, np.full(len(at), NO_VICTIMS, np.int8))
+    below = below[:, at]
     has_victims = below[table.resource_row(PODS)] > 0
     kind = np.where(has_victims, EXACT, NO_VICTIMS).astype(np.int8)
     state, filters, st = handle.pre_filter(pod)
     if not st.is_success():
-        return Plan(order, kind[order])
+        return Plan(at, kind)
     checks = [(f, f.resource_check(state)) for f in filters]
     fits = [c for f, c in checks if c is not None]
     others = [f for f, c in checks if c is None]
     if len(fits) != 1 or not all(f.passes_without_pods(pod) for f in others):
-        return Plan(order, kind[order])
+        return Plan(at, kind)
     check = fits[0]
-    everything = slice(0, n)
-    others_ok = np.ones(n, bool)
+    others_ok = np.ones(len(at), bool)
     for f in others:
-        others_ok &= f.filter(state, pod, table, everything)
+        others_ok &= f.filter(state, pod, table, slice(0, n) if where is None else where)
     rows = list(check.rows)
     need = np.array(check.requests, np.int64)[:, None]
-    free_now = table.alloc[rows, :n] - table.requested[rows, :n]
+    free_now = table.alloc[rows][:, at] - table.requested[rows][:, at]
     free_all = free_now + below[rows]
     short = free_all < need
     fits_now = (free_now >= need).all(axis=0)
     feasible = np.where(short.any(axis=0), NO_FIT, FEASIBLE).astype(np.int8)
     kind = np.where(has_victims & others_ok & ~fits_now, feasible, kind)
-    return Plan(order, kind[order], check, short, free_all)
+    return Plan(at, kind, check, short, free_all)
 
 
 @dataclass(slots=True)
