@@ -153,16 +153,17 @@ class PodColumns:
             np.add.at(m, (ri_a[at], sa[ci_a[at]]), vals_a[at])
 
     # ------------------------------------------------------------------ reads
-    def requested_below(self, priority: int, n: int) -> np.ndarray | None:
+    def requested_below(self, priority: int, n: int, at: np.ndarray | None = None) -> np.ndarray | None:
         """int64 array of shape (n_resources, n): per node slot [0, n), the requests of the counted
         pods of priority strictly lower than ``priority`` (the ``pods`` row counts them); None when
-        no priority lower than ``priority`` was seen. A new array, the caller's to keep."""
+        no priority lower than ``priority`` was seen. ``at``: only those slots (columns in that
+        order). A new array, the caller's to keep."""
         levels = [m for p, m in self._by_priority.items() if p < priority]
         if not levels:
             return None
-        out = levels[0][:, :n].copy()
+        out = levels[0][:, :n].copy() if at is None else levels[0][:, at]
         for m in levels[1:]:
-            out += m[:, :n]
+            out += m[:, :n] if at is None else m[:, at]
         return out
 
     def rows_below(self, priority: int, on_slots: np.ndarray) -> np.ndarray:

@@ -76,10 +76,9 @@ def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = 
     table = handle.table
     n = table.n
     at = np.arange(n) if where is None else where
-    below = table.pod_columns().requested_below(pod.priority, n)
+    below = table.pod_columns().requested_below(pod.priority, n, where)
     if below is None:
         return Plan(at, np.full(len(at), NO_VICTIMS, np.int8))
-    below = below[:, at]
     has_victims = below[table.resource_row(PODS)] > 0
     kind = np.where(has_victims, EXACT, NO_VICTIMS).astype(np.int8)
     state, filters, st = handle.pre_filter(pod)
@@ -96,7 +95,8 @@ def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = 
         others_ok &= f.filter(state, pod, table, slice(0, n) if where is None else where)
     rows = list(check.rows)
     need = np.array(check.requests, np.int64)[:, None]
-    free_now = table.alloc[rows][:, at] - table.requested[rows][:, at]
+    cells = np.ix_(rows, at)
+    free_now = table.alloc[cells] - table.requested[cells]
     free_all = free_now + below[rows]
     short = free_all < need
     fits_now = (free_now >= need).all(axis=0)

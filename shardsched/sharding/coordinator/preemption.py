@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 
 from shardsched.api.objects import PodInfo
@@ -149,6 +150,25 @@ class Preemption:
     def __init__(self, state: CoordinatorState) -> None:
         self.state = state
         self._writes: list[_Writes] = []  # decided, written by `flush`
+        #: `begin_pass`' nominated pods, (priority, uid, node) lowest priority first; None outside a pass
+        self._pass: list[tuple[int, str, str]] | None = None
+        self._pass_priorities: list[int] = []
+
+    def begin_pass(self) -> None:
+        """Before a rebalance pass's decisions (taken highest priority first; `flush` ends the
+        pass): note the nominated pods by priority, so that each decision finds the ones it hides
+        (`_hide_nominated`: those of lower priority) without going through every nomination. A
+        nomination taken during the pass is of at least the priority of every pod decided after it,
+        so it is never one of those."""
+        table = self.state.table
+        held = []
+        for uid, node in self.state.nominated.items():
+            slot = table.pod_slot.get(uid)
+            if slot is not None:
+                held.append((table.pods[slot][uid].priority, uid, node))
+        held.sort(key=lambda h: h[0])
+        self._pass = held
+        self._pass_priorities = [h[0] for h in held]
 
     def has_post_filter(self, pod: PodInfo) -> bool:
         return bool(cluster_scheduler(self.state, pod).framework.post_filter_plugins)
@@ -195,8 +215,16 @@ class Preemption:
         counts only nominated pods of equal or higher priority, and never makes one a victim);
         returns (usage, node) to put back."""
         table = self.state.table
+        nominated = self.state.nominated
         out = []
-        for uid, node in self.state.nominated.items():
+        if self._pass is None:
+            items = list(nominated.items())
+        else:  # the pass's nominations of lower priority still held, and the pod's own
+            below = bisect_left(self._pass_priorities, pod.priority)
+            items = [(uid, node) for _, uid, node in self._pass[:below] if nominated.get(uid) == node]
+            if pod.uid in nominated:
+                items.append((pod.uid, nominated[pod.uid]))
+        for uid, node in items:
             slot = table.pod_slot.get(uid)
             if slot is None:
                 continue
@@ -242,6 +270,7 @@ class Preemption:
         deleted loses its nomination (`_undo`) and is retried after a backoff. Call with the state
         lock held, after the decisions (`Rebalancer.rebalance` does)."""
         writes, self._writes = self._writes, []
+        self._pass = None
         if not writes:
             return
         state = self.state

@@ -136,6 +136,8 @@ class Rebalancer:
         # PrioritySort; equal priorities in the order they were handed back), each seeing the
         # victims and nominations of the ones before; what the budget leaves, first at the next call
         decide.sort(key=lambda d: -d[1].pod_info.priority)
+        if decide:
+            self.preemption.begin_pass()
         for k, (t, qpi, static, shard) in enumerate(decide):
             if k and time.monotonic() > deadline:
                 self._deferred = decide[k:]
