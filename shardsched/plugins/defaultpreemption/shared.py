@@ -89,6 +89,9 @@ class SharedSearch:
 
     def __init__(self) -> None:
         self._evaluations: dict[tuple, _Evaluation] = {}
+        #: signatures found not shareable, with the token and log position then: not tried again
+        #: until the table changes
+        self._not_shareable: dict[tuple, tuple] = {}
         #: PostFilters answered from an evaluation; evaluations of every node made for them
         self.reads = self.evaluations = 0
 
@@ -164,8 +167,13 @@ class SharedSearch:
                 dirty = None
         if dirty is None:
             self._evaluations.pop(key, None)
+            if self._not_shareable.get(key) == (token, table.log_position()):
+                return None
             e = self._evaluate(pod, handle, token, members)
             if e is None:
+                if len(self._not_shareable) >= MAX_SIGNATURES:
+                    self._not_shareable.pop(next(iter(self._not_shareable)))
+                self._not_shareable[key] = (token, table.log_position())
                 return None
             self.evaluations += 1
             if len(self._evaluations) >= MAX_SIGNATURES:
