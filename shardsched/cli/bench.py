@@ -462,3 +462,8 @@ def gpu_frag(pod_list: str, policy: str, seeds: list[int], seed: int | None, pla
                f"{cell(summary['paper_fgd_100%'])} | {summary['decision_ms_mean']:.3f} |")
     if plot_path:
         click.echo(f"plot: {plot_path}")
+
+
+from shardsched.cli.bench_kube import kube_vs_shardsched  # noqa: E402 - a sub-command of its own module
+
+bench.add_command(kube_vs_shardsched)
