@@ -71,7 +71,7 @@ def test_cores_and_ratio():
 
 
 def _run(variant, first, p50):
-    return {"variant": variant, "backlog": {"first_bind_s": first},
+    return {"variant": variant, "backlog": {"first_bind_s": first, "pods": 10, "bound": 10},
             "paced": {"50": {"latency_ms": {"p50": p50, "p99": p50 * 2}, "cores": 0.1}},
             "events": {"delay_ms": {"p50": 1.0, "p99": 2.0}, "missing": 0}, "memory": {"rss_peak_mib": 100.0}}
 
@@ -89,6 +89,11 @@ def test_summary_takes_medians_per_variant_and_the_ratio_to_kube():
     # a measure no run has is unknown, not zero
     assert rows["backlog: first → last (pods/s)"][rep.KUBE] is None
     assert rows["backlog: first → last (pods/s)"][f"ratio_{rep.RAY}"] is None
+    # a run that did not bind its whole backlog (its scheduler failed to start) is left out
+    failed = {"variant": rep.RAY, "backlog": {"pods": 10, "bound": 0, "first_bind_s": None},
+              "memory": {"rss_peak_mib": 9999.0}}
+    ray_rss = {r["measure"]: r for r in rep.summary([*runs, failed], [50.0])}["resident memory, peak (MiB)"]
+    assert ray_rss[rep.RAY] == 100.0 and ray_rss[f"{rep.RAY}_runs"] == [100.0]
     table = rep.markdown(rep.summary(runs, [50.0]), rep.VARIANTS).splitlines()
     assert table[0] == ("| measure | kube-scheduler | shardsched-threads | shardsched-ray | threads / kube "
                         "| ray / kube |")
@@ -147,6 +152,8 @@ def test_envtest_a_short_side_by_side_run():
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["api_server_version"].startswith("v1.") and data["errors"] == [] and not data["interrupted"]
+    assert data["kube_scheduler_version"].startswith("Kubernetes v1.")
+    assert data["options"]["kube_scheduler"] == "kube-scheduler"  # the binary's name, not where it is
     assert "repeat 1/1: kube-scheduler" in proc.stderr and "paced 20/s" in proc.stderr  # the progress lines
     runs = {r["variant"]: r for r in data["runs"]}
     assert set(runs) == {rep.KUBE, rep.THREADS}

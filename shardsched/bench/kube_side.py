@@ -42,7 +42,8 @@ from typing import Callable
 
 from shardsched.bench import kube_side_report as rep
 from shardsched.bench.kube_side_procs import (SIDE_APP, SchedulerProcess, Watcher, kube_scheduler_argv,
-                                              kube_scheduler_config, serve_argv, shardsched_config)
+                                              kube_scheduler_config, kube_scheduler_version, serve_argv,
+                                              shardsched_config)
 from shardsched.bench.serve_cluster import BenchInterrupted, BenchObjects, bench_pod
 from shardsched.kube.client import ClientSpec
 
@@ -76,13 +77,15 @@ class SideResult:
 
     options: dict
     server_version: str = ""
+    kube_scheduler_version: str = ""
     runs: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     nodes_s: float | None = None
     interrupted: bool = False
 
     def to_json(self) -> dict:
-        return {"options": self.options, "api_server_version": self.server_version, "nodes_s": self.nodes_s,
+        return {"options": self.options, "api_server_version": self.server_version,
+                "kube_scheduler_version": self.kube_scheduler_version, "nodes_s": self.nodes_s,
                 "interrupted": self.interrupted, "errors": self.errors, "runs": self.runs,
                 "summary": rep.summary(self.runs, self.options["rates"])}
 
@@ -121,9 +124,13 @@ class SideBySide:
     def run(self) -> SideResult:
         """Nodes, the watcher, then every variant ``repeats`` times; cleans up in every case."""
         o = self.opts
-        result = SideResult(options={**o.__dict__, "rates": list(o.rates), "variants": list(o.variants)})
+        # the binary's name, not its path; its version is asked below
+        result = SideResult(options={**o.__dict__, "rates": list(o.rates), "variants": list(o.variants),
+                                     "kube_scheduler": Path(o.kube_scheduler).name if o.kube_scheduler else ""})
         try:
             result.server_version = self.server_version()
+            if rep.KUBE in o.variants:
+                result.kube_scheduler_version = kube_scheduler_version(o.kube_scheduler)
             started = time.monotonic()
             self.progress(f"creating {o.nodes:,} nodes and reporting them Ready")
             self.objects.create_nodes(o.nodes)
@@ -189,7 +196,7 @@ class SideBySide:
         run["sigterm_exit_s"] = proc.terminate(o.sigterm_wait_s)
         run["killed_after_sigterm"] = run["sigterm_exit_s"] is None and alive_at_end
         self.current = None
-        if not alive_at_end:
+        if not alive_at_end and not any("exited" in e for e in run["errors"]):
             run["errors"].append(f"the scheduler exited early ({proc.proc.returncode}): {proc.tail()}")
         self._sleep(o.events_settle_s)
         binds, events = self.watcher.get(prefix)

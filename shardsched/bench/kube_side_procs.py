@@ -283,3 +283,12 @@ def serve_argv(kubeconfig: str, config_path: str, mode: str, qps: float, burst: 
     """``shardsched serve`` in ``mode`` with its profile file, leader election off, binding QPS/burst."""
     return [sys.executable, "-m", "shardsched.cli.main", "serve", "--kubeconfig", kubeconfig, "--config", config_path,
             "--mode", mode, "--no-leader-elect", "--kube-api-qps", f"{qps:g}", "--kube-api-burst", str(burst)]
+
+
+def kube_scheduler_version(binary: str) -> str:
+    """What ``kube-scheduler --version`` prints (``Kubernetes v1.24.0``), or why it printed nothing."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({type(e).__name__}: {e})"
+    return (out.stdout or out.stderr).strip()

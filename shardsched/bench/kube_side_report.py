@@ -146,10 +146,18 @@ def dig(run: Mapping, path: tuple):
     return cur
 
 
+def completed(run: Mapping) -> bool:
+    """Whether a run bound its whole backlog (a scheduler that failed to start, or stopped, did not:
+    its partial figures are kept in the raw runs but left out of the medians)."""
+    b = run.get("backlog") or {}
+    return bool(b.get("pods")) and b.get("bound") == b.get("pods")
+
+
 def summary(runs: list[dict], rates: Iterable[float]) -> list[dict]:
-    """The table's rows: per measure, each variant's median over its runs (``runs``: one dict per
-    run with its ``variant``), and ``ratio`` per shardsched variant = its median / kube-scheduler's,
-    with ``better`` ("lower"/"higher") saying which way is good."""
+    """The table's rows: per measure, each variant's median over its `completed` runs (``runs``: one
+    dict per run with its ``variant``), and ``ratio`` per shardsched variant = its median /
+    kube-scheduler's, with ``better`` ("lower"/"higher") saying which way is good."""
+    runs = [r for r in runs if completed(r)]
     rows = []
     for label, path, better in measures(rates):
         row: dict = {"measure": label, "better": better}
