@@ -820,3 +820,53 @@ def test_a_report_that_comes_after_the_watch_showed_the_pod_bound_is_dropped(led
 
     assert world.coordinator.state.commits == {}
     assert cpu_used(ledger, world.cluster) == 1000
+
+
+def test_running_loops_bind_pods_on_their_wake_ups_alone_and_stop_at_once(ledger):
+    """With the coordinator's loop and the shards' loops running, pods created while everything
+    is idle are routed and bound although no loop would look again on its own before ten minutes
+    (``poll_s``, ``idle_sleep_s``): the watch's long poll wakes the coordinator, the routed pods
+    wake their shard. `stop` ends every loop, also in the middle of its wait."""
+    world = World(ledger, n_nodes=4, shards=2)
+    world.coordinator.poll_s = 600.0
+    for s in world.shards.values():
+        s.options.idle_sleep_s = 600.0
+    loops = [threading.Thread(target=world.coordinator.run_forever, daemon=True)]
+    loops += [threading.Thread(target=s.run_forever, daemon=True) for s in world.shards.values()]
+    for t in loops:
+        t.start()
+    try:
+        for round_ in range(3):  # each round finds every loop waiting again
+            world.create(2, prefix=f"r{round_}-")
+            deadline = time.monotonic() + 60
+            while world.cluster.invariants()["pods_unbound"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not world.cluster.invariants()["pods_unbound"], world.coordinator.status()
+    finally:
+        world.coordinator.stop()
+        for s in world.shards.values():
+            s.stop()
+        for t in loops:
+            t.join(30)
+    assert not any(t.is_alive() for t in loops)
+    world.coordinator.catch_up()  # the last binds' watch events, if the loop stopped before them
+    assert world.coordinator.status()["bound_seen"] == 6
+
+
+def test_a_watch_answer_is_applied_once_from_the_rv_it_was_asked_from(ledger):
+    """The pump's answer is applied only while the coordinator is still at the rv it was asked
+    from: after it (or a direct poll, or a relist) moved the rv on, the same answer is dropped, so
+    no pod is routed twice."""
+    from shardsched.sharding.coordinator.watch_pump import fetch
+
+    world = World(ledger, n_nodes=2, shards=1)
+    state = world.coordinator.state
+    world.create(1)
+    answer = fetch(state)
+    assert answer.rv_from == state.rv and len(answer.events) == 1
+
+    first = world.coordinator.intake.poll(answer)
+    again = world.coordinator.intake.poll(answer)
+
+    assert [p.name for p in first.new_pods] == ["pod-00000"] and state.rv == answer.rv
+    assert (again.events, again.new_pods) == (0, [])

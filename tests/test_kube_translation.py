@@ -4,6 +4,7 @@ the error mapping, the token bucket, credentials loading, and the informer store
 from __future__ import annotations
 
 import os
+import threading
 from datetime import datetime, timezone
 
 import pytest
@@ -13,7 +14,8 @@ from shardsched.api.objects import NodeInfo, PodInfo
 from shardsched.errors import InvalidObjectError, PermanentError, TemporaryError
 from shardsched.kube.client import ClientSpec, Forbidden, TokenBucket, Unauthorized, classify, to_dict
 from shardsched.kube.watches import BOUND_WATCH, Store, watch_specs
-from shardsched.cluster import ADDED, DELETED, MODIFIED, Conflict, Gone, Invalid, NotFound, ServerError, Timeout
+from shardsched.cluster import (ADDED, DELETED, MAX_WATCH_WAIT_S, MODIFIED, Conflict, Gone, Invalid, NotFound, ServerError,
+                                Timeout)
 
 SCHED = "shardsched"
 
@@ -558,3 +560,22 @@ def test_events_and_conditions_yield_to_the_binds_of_other_processes():
     time.sleep(gate.PEER_POLL_S * 2)
     burst(4, 0.2)
     assert peak[0] == 4, "an unanswerable question holds nothing back"
+
+
+def test_store_long_poll_answers_the_reflectors_next_change_and_frees_the_lock_meanwhile():
+    """``since(..., wait_s)`` with nothing new waits for the next change; the wait holds no lock a
+    reflector needs (it applies the change meanwhile), and its answer is that change."""
+    store = Store(watch_specs([SCHED]))
+    store.apply(OURS, ADDED, _pod("a", 1))
+    _, seq = store.list_pods()
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(store.since(seq, wait_s=MAX_WATCH_WAIT_S)))
+    waiter.start()
+    store.apply(OURS, MODIFIED, _pod("a", 2, "n1"))  # a reflector's write, while (or before) the poll waits
+    waiter.join(60)
+    assert not waiter.is_alive()
+    (events, rv), = answers
+    assert [(e.type, e.object["spec"].get("nodeName")) for e in events] == [(MODIFIED, "n1")] and rv == seq + 1
+    assert store.since(rv, wait_s=0) == ([], rv)  # no wait asked: answered at once
+    with pytest.raises(Invalid, match="wait_s"):
+        store.since(rv, wait_s="soon")

@@ -569,3 +569,60 @@ def test_concurrent_add_and_pop_lose_nothing():
         t.join(timeout=60)
     assert sorted(p.key for p in popped) == sorted(p.key for p in pods)
     assert len(q) == 0 and q.in_flight == frozenset()
+
+
+# ----------------------------------------------------------------------------- waiting instead of polling
+
+
+def _waiting(q: SchedulingQueue, timeout_s: float = 600.0) -> tuple[threading.Thread, list[bool]]:
+    """A thread blocked in ``q.wait_for_pods(timeout_s)``; its answer lands in the list."""
+    answers: list[bool] = []
+    t = threading.Thread(target=lambda: answers.append(q.wait_for_pods(timeout_s)), daemon=True)
+    t.start()
+    return t, answers
+
+
+def test_wait_for_pods_ends_when_another_thread_adds_a_pod_or_wakes_it():
+    q, _ = make_queue()
+    t, answers = _waiting(q)
+    q.add(make_pod("a"))
+    t.join(60)
+    assert answers == [True] and [p.key for p in q.pop_batch(10)] == ["default/a"]
+    t, answers = _waiting(q)
+    q.wake()  # nothing queued: the waiter returns, saying there is nothing to pop
+    t.join(60)
+    assert answers == [False]
+    q.wake()  # with nobody waiting, the next wait returns at once, once
+    assert q.wait_for_pods(600.0) is False
+
+
+def test_wait_for_pods_ends_at_the_end_of_a_backoff_and_of_the_unschedulable_timeout():
+    """The deadlines of flushBackoffQCompleted and flushUnschedulablePodsLeftover end a wait, and the
+    pop that follows moves the pods (the timers of upstream's queue, run by the pop)."""
+    q, clock = make_queue(pod_initial_backoff_s=1.0, pod_max_in_unschedulable_s=60.0)
+    q.add(make_pod("b"))
+    q.add(make_pod("u"))
+    fail(q, "default/b", backoff=True)
+    fail(q, "default/u")
+    assert (where(q, "default/b"), where(q, "default/u")) == (BACKOFF_Q, UNSCHEDULABLE_Q)
+    assert q.wait_for_pods(0.0) is False  # neither deadline has come
+    clock.advance(1.0)
+    assert q.wait_for_pods(600.0) is True
+    assert [p.key for p in q.pop_batch(10)] == ["default/b"]
+    clock.advance(60.0)
+    assert q.wait_for_pods(600.0) is True
+    assert [p.key for p in q.pop_batch(10)] == ["default/u"]
+
+
+def test_a_pod_requeued_into_backoff_from_another_thread_does_not_end_a_wait_before_its_backoff_is_over():
+    q, clock = make_queue(pod_initial_backoff_s=1.0)
+    q.add(make_pod("r"))
+    (qpi,) = q.pop_batch(1)
+    clock.advance(5.0)  # the pod's backoff (from its new timestamp) is what decides
+    t, answers = _waiting(q)
+    q.requeue_backoff(qpi)  # into backoffQ: the wait sees the new deadline, not yet due
+    assert t.is_alive()
+    clock.advance(1.0)
+    q.add(make_pod("other"))  # any change makes the waiter look again
+    t.join(60)
+    assert answers == [True] and {p.key for p in q.pop_batch(10)} == {"default/r", "default/other"}

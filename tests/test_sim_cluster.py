@@ -20,6 +20,7 @@ from shardsched.cluster import (
     Binding,
     Conflict,
     Gone,
+    MAX_WATCH_WAIT_S,
     Invalid,
     NotFound,
     ServerError,
@@ -361,6 +362,31 @@ def test_watch_order_and_resource_versions():
     assert events[2].object["spec"]["nodeName"] == "n1"
     assert c.events_since(rv) == ([], 4)
     assert c.events_since("2")[0] == events[2:]
+
+
+def test_a_long_poll_of_the_watch_answers_the_first_change_and_leaves_the_cluster_free_meanwhile():
+    """``events_since(..., wait_s)`` with nothing new waits for a change; the cluster's lock is free
+    during the wait (creations and binds go on), and the answer comes with the first change of the
+    kinds asked for."""
+    c = SimCluster()
+    c.create_node(make_node("n1"))
+    _, rv = c.list_pods()
+    answers = []
+    nodes_only = threading.Thread(target=lambda: answers.append(c.events_since(rv, ["Node"], None, MAX_WATCH_WAIT_S)))
+    nodes_only.start()
+    c.create_pod(make_pod("p1"))  # not a kind the poll asked for: it keeps waiting
+    assert c.bind("default", "p1", "n1").ok  # the lock is free meanwhile
+    assert nodes_only.is_alive()
+    c.cordon("n1")
+    nodes_only.join(60)
+    assert not nodes_only.is_alive()
+    (events, new_rv), = answers
+    assert [(e.type, e.kind) for e in events] == [(MODIFIED, "Node")] and new_rv == rv + 3
+    assert c.events_since(new_rv, wait_s=0.0) == ([], new_rv)  # a zero wait answers at once
+    with pytest.raises(Invalid, match="wait_s"):
+        c.events_since(new_rv, wait_s="a while")
+    with pytest.raises(Gone):
+        c.events_since(new_rv + 10, wait_s=MAX_WATCH_WAIT_S)  # errors come before any wait
 
 
 def test_scheduling_gates_are_removed_by_name_or_all_with_one_event_each():

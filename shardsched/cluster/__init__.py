@@ -23,10 +23,11 @@ from shardsched.cluster.errors import (
 )
 from shardsched.cluster.watch import (ADDED, CSI_NODE, CSI_STORAGE_CAPACITY, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD,
                                       PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, STORAGE_KINDS, WatchEvent,
-                                      read_event_log)
+                                      MAX_WATCH_WAIT_S, read_event_log, wait_for_events)
 
 __all__ = [
     "ADDED",
+    "MAX_WATCH_WAIT_S",
     "BOUND",
     "CONFLICT",
     "DELETED",
@@ -71,6 +72,7 @@ __all__ = [
     "prepare_candidate",
     "prepare_candidates",
     "read_event_log",
+    "wait_for_events",
     "spread_selector_changes",
     "storage_changes",
 ]

@@ -126,11 +126,14 @@ class ClusterBackend(Protocol):
         ...
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
-                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
+                     limit: int | None = None, wait_s: float | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after ``rv``, oldest first, of ``kinds`` (None: all of ``capabilities.kinds``), at
-        most ``limit``; and the rv to pass next (`shardsched.cluster.watch.read_event_log`).
+        most ``limit``; and the rv to pass next (`shardsched.cluster.watch.read_event_log`). With
+        ``wait_s`` (seconds, at most `shardsched.cluster.watch.MAX_WATCH_WAIT_S`), a call that
+        finds nothing waits that long for the first change and answers as soon as it comes (a long
+        poll, `shardsched.cluster.watch.wait_for_events`); the wait holds no lock a writer needs.
 
-        Raises: `Gone` (list again), `Invalid` (a bad rv or limit).
+        Raises: `Gone` (list again), `Invalid` (a bad rv, limit or wait).
         """
         ...
 

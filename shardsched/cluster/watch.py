@@ -2,15 +2,18 @@
 ``events_since`` rule over a bounded event log that both backends serve.
 
 A backend serves list-then-watch as the API server does: ``list_<kind>s() -> (objects, rv)``, then
-``events_since(rv, kinds, limit)`` for the changes after ``rv``, raising `Gone` once its log no
-longer reaches back (the caller lists again). A kind the coming features need (a
+``events_since(rv, kinds, limit, wait_s)`` for the changes after ``rv``, raising `Gone` once its log
+no longer reaches back (the caller lists again); with ``wait_s`` a call that finds nothing new waits
+up to that long for the first change (a long poll, `wait_for_events`), as a watch would deliver it. A kind the coming features need (a
 PersistentVolumeClaim, as `PDB` was) is a constant here, a ``list_`` method on each
 backend, and an entry in the backend's `Capabilities.kinds`; the watch needs nothing new.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from shardsched.api.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
@@ -81,3 +84,39 @@ def read_event_log(log: Sequence, compacted_rv: int, current_rv: int, rv: int | 
     if limit is not None and len(tail) > limit:
         return tail[:limit], tail[limit - 1].rv
     return tail, current_rv
+
+
+#: the longest a caller may ask ``events_since`` to wait for a change (`wait_for_events`), seconds
+MAX_WATCH_WAIT_S = 5.0
+
+
+def wait_for_events(changed: threading.Condition, read: Callable[[], tuple[list, int]], wait_s: float | None,
+                    due_in_s: Callable[[], float | None] | None = None) -> tuple[list, int]:
+    """``read()`` (a `read_event_log` over the owner's log), waiting on ``changed`` while it finds
+    nothing and ``wait_s`` is not over: the long poll of ``events_since``. Call with ``changed``'s
+    lock held; the wait releases it (a writer appends and notifies meanwhile). ``wait_s`` None or
+    <= 0 does not wait, and is capped at `MAX_WATCH_WAIT_S`; ``due_in_s``, when given, says in how
+    many seconds the owner has a change of its own due (the simulated cluster's terminating pods):
+    the wait ends then so the owner can make it. Errors of ``read`` (`Gone`, `Invalid`) are raised
+    at once, before any wait.
+
+    Raises:
+        Invalid: ``wait_s`` is not a number.
+    """
+    events, rv = read()
+    if events or not wait_s:
+        return events, rv
+    try:
+        wait_s = min(float(wait_s), MAX_WATCH_WAIT_S)
+    except (TypeError, ValueError):
+        raise Invalid(f"wait_s: {wait_s!r} is not a number of seconds") from None
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        due = due_in_s() if due_in_s is not None else None
+        if left <= 0 or (due is not None and due <= 0):
+            return events, rv
+        changed.wait(left if due is None else min(left, due))
+        events, rv = read()
+        if events:
+            return events, rv

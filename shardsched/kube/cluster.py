@@ -5,7 +5,7 @@ simulated cluster:
 
 - ``list_nodes() -> (nodes, rv)``, ``list_pods() -> (pods, rv)``, ``list_namespaces() -> (namespaces,
   rv)``, ``list_pdbs() -> (pdbs, rv)``, ``list_spread_selectors() -> (objects, rv)``: the informers' caches (camelCase dicts, as the API server sent them) and a sequence
-  number; ``events_since(rv, kinds, limit)``: the changes after it, raising
+  number; ``events_since(rv, kinds, limit, wait_s)``: the changes after it, raising
   `shardsched.cluster.Gone` when the log no longer reaches back. The informers
   (`shardsched.kube.informer` over the watches of `shardsched.kube.watches`) list then watch nodes,
   namespaces, PodDisruptionBudgets, Services, ReplicationControllers, ReplicaSets, StatefulSets, the pods bound to any node, and our pending pods (server-side field selectors), with
@@ -289,10 +289,11 @@ class KubeCluster(ObjectWrites):
             (obj.get("metadata") or {}).get("annotations") or {})
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
-                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
-        """Changes after ``rv`` (`Store.since`). Raises: `Gone` (list again), `Invalid`."""
+                     limit: int | None = None, wait_s: float | None = None) -> tuple[list[WatchEvent], int]:
+        """Changes after ``rv`` (`Store.since`; with ``wait_s``, a long poll of the informers'
+        store). Raises: `Gone` (list again), `Invalid`."""
         self.start()
-        return self.store.since(rv, kinds, limit)
+        return self.store.since(rv, kinds, limit, wait_s)
 
     def record_event(self, obj_ref: Mapping[str, Any], type: str, reason: str, message: str) -> None:  # noqa: A002
         """Queue an Event (``events.k8s.io/v1``, or core/v1 on old servers) about ``obj_ref``;

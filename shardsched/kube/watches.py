@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from shardsched.cluster import (ADDED, CSI_NODE, CSI_STORAGE_CAPACITY, DELETED, MODIFIED, NAMESPACE, NODE, PDB, POD,
-                                PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, WatchEvent, read_event_log)
+                                PODGROUP, PV, PVC, SPREAD_SELECTOR_KINDS, STORAGE_CLASS, WatchEvent, read_event_log,
+                                wait_for_events)
 
 NODES, BOUND, OURS, NAMESPACES, PDBS, SPREAD = "nodes", "bound", "ours", "namespaces", "pdbs", "spread"
 PODGROUPS, STORAGE = "podgroups", "storage"
@@ -139,6 +140,7 @@ class Store:
         self._pod_watches = [s.name for s in self.specs.values() if s.kind == POD]
         self._by_name: dict[str, dict] = {}  # "namespace/name" -> latest pod (any pod watch)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified at every change: `since`'s long poll
         self._log: list[WatchEvent] = []
         self._limit = log_limit
         self._slack = max(1, log_limit // 8)
@@ -194,6 +196,7 @@ class Store:
                 self._by_name[name_key] = obj
         self._seq += 1
         self._log.append(WatchEvent(type_, spec.kind, obj, self._seq))
+        self._changed.notify_all()
         if len(self._log) > self._limit + self._slack:
             drop = len(self._log) - self._limit
             self._compacted = self._log[drop - 1].rv
@@ -253,16 +256,19 @@ class Store:
         with self._lock:
             return self._by_name.get(f"{namespace}/{name}")
 
-    def since(self, rv: int | str, kinds: Iterable[str] | None = None,
-              limit: int | None = None) -> tuple[list[WatchEvent], int]:
+    def since(self, rv: int | str, kinds: Iterable[str] | None = None, limit: int | None = None,
+              wait_s: float | None = None) -> tuple[list[WatchEvent], int]:
         """Changes after sequence number ``rv``, oldest first (the simulated cluster's
-        ``events_since`` contract).
+        ``events_since`` contract); with ``wait_s``, a call that finds nothing waits up to that
+        long for the reflectors' next change (`wait_for_events`; they apply it meanwhile).
 
         Returns: (events, new_rv). Raises: `Gone` (``rv`` compacted away, or from another
-        instance: list again), `Invalid` (``rv`` not an integer, ``limit`` < 1).
+        instance: list again), `Invalid` (``rv`` not an integer, ``limit`` < 1, a bad wait).
         """
         with self._lock:
-            return read_event_log(self._log, self._compacted, self._seq, rv, kinds, limit, "informer")
+            return wait_for_events(
+                self._changed, lambda: read_event_log(self._log, self._compacted, self._seq, rv, kinds, limit, "informer"),
+                wait_s)
 
     def counts(self) -> dict[str, int]:
         """Objects per watch (for health and metrics)."""

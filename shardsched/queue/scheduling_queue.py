@@ -19,6 +19,10 @@ scheduling cycle number, as upstream's ``Pop``; a move request while it was in f
 pod to backoffQ instead of unschedulable pods (upstream ``moveRequestCycle``), so the event is not
 missed.
 
+A loop that pops waits with ``wait_for_pods`` instead of polling: it returns as soon as a pod enters
+activeQ, the earliest backoff ends or an unschedulable pod's time is up, or another thread calls
+``wake``; always within the caller's bound.
+
 Both heaps use lazy deletion: a key maps to its live heap entry, and a popped entry that is not the
 live one is skipped; the heap is rebuilt when stale entries outnumber live ones. ``pop_batch(k)`` is
 O(k log n). All times are seconds from the injected clock (monotonic, not wall time).
@@ -30,11 +34,14 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from shardsched.api.objects import POD_GROUP_LABEL, PodInfo
 from shardsched.queue.clock import Clock, RealClock
+
+_monotonic = time.monotonic
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +180,9 @@ class SchedulingQueue:
         self.on_give_up = on_give_up
 
         self._lock = threading.Lock()
+        # notified when a pod enters activeQ or backoffQ, and by `wake`: what `wait_for_pods` waits on
+        self._changed = threading.Condition(self._lock)
+        self._woken = False
         self._seq = itertools.count()
         # activeQ entries: (*sort_key(pod, timestamp, seq), seq, key, qpi), flat for fast comparisons;
         # backoffQ: (expiry_s, seq, key, qpi). seq is unique, so comparisons never reach key or qpi.
@@ -476,25 +486,59 @@ class SchedulingQueue:
         """Number of pods popped so far (upstream ``SchedulingCycle``)."""
         return self._scheduling_cycle
 
+    def wait_for_pods(self, timeout_s: float) -> bool:
+        """Block until `pop_batch` may return something, or `wake` is called, or ``timeout_s``
+        (real seconds) pass; returns whether activeQ holds a pod or a deadline came (a backoff
+        ending, an unschedulable pod's ``pod_max_in_unschedulable_s``: upstream's
+        ``flushBackoffQCompleted`` and ``flushUnschedulablePodsLeftover``, which `pop_batch` then
+        runs). Waits without the lock: `add`, a failure report, a move or `wake` from another
+        thread ends it, and so does a deadline (`next_ready_in_s`), recomputed whenever the queue
+        changes. For a loop that would otherwise poll."""
+        with self._changed:
+            deadline = None
+            while True:
+                if self._woken:
+                    self._woken = False
+                    return bool(self._active)
+                ready = self._next_ready_locked()
+                if ready is not None and ready <= 0.0:
+                    return True
+                if deadline is None:
+                    deadline = _monotonic() + timeout_s
+                left = deadline - _monotonic()
+                if left <= 0.0:
+                    return False
+                self._changed.wait(left if ready is None else min(left, ready))
+
+    def wake(self) -> None:
+        """End a `wait_for_pods` now (or the next one, if none waits): the caller has something
+        else to do (a stop, a finished binding cycle)."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
+
     def next_ready_in_s(self) -> float | None:
         """Seconds until ``pop_batch`` can return something without a new event: 0.0 if activeQ is not
         empty, else until the earliest backoff expiry or unschedulable timeout (never negative);
         None if nothing is queued."""
         with self._lock:
-            if self._active:
-                return 0.0
-            deadlines = []
-            heap, live = self._backoff_heap, self._backoff
-            while heap and live.get(heap[0][2]) is not heap[0]:
-                heapq.heappop(heap)
-            if heap:
-                deadlines.append(heap[0][0])
-            for qpi in self._unschedulable.values():
-                deadlines.append(qpi.timestamp + self.pod_max_in_unschedulable_s)
-                break
-            if not deadlines:
-                return None
-            return max(0.0, min(deadlines) - self.clock.now())
+            return self._next_ready_locked()
+
+    def _next_ready_locked(self) -> float | None:
+        if self._active:
+            return 0.0
+        deadlines = []
+        heap, live = self._backoff_heap, self._backoff
+        while heap and live.get(heap[0][2]) is not heap[0]:
+            heapq.heappop(heap)
+        if heap:
+            deadlines.append(heap[0][0])
+        for qpi in self._unschedulable.values():
+            deadlines.append(qpi.timestamp + self.pod_max_in_unschedulable_s)
+            break
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - self.clock.now())
 
     def pods(self, queue: str | None = None) -> Iterator[QueuedPodInfo]:
         """Iterate over a snapshot of the queued pods: activeQ in QueueSort order, then backoffQ by
@@ -550,11 +594,13 @@ class SchedulingQueue:
         entry = (*self.sort_key(qpi.pod_info, qpi.timestamp, seq), seq, key, qpi)
         heapq.heappush(self._active_heap, entry)
         self._active[key] = entry
+        self._changed.notify_all()
 
     def _push_backoff(self, qpi: QueuedPodInfo, key: str, expiry_s: float) -> None:
         entry = (expiry_s, next(self._seq), key, qpi)
         heapq.heappush(self._backoff_heap, entry)
         self._backoff[key] = entry
+        self._changed.notify_all()
 
     def _move_to_active_or_backoff(self, qpi: QueuedPodInfo, now: float, event: str) -> None:
         key = qpi.pod_info.key

@@ -186,7 +186,9 @@ class ShardBinding:
             self.reap(block=False, at_most=1)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(s.options.binding_cycles, thread_name_prefix=f"binding-{s.index}")
-        self.running.append((self._pool.submit(self._requests, batch), batch))
+        future = self._pool.submit(self._requests, batch)
+        future.add_done_callback(lambda _: s.queue.wake())  # the loop applies it at once (`reap`)
+        self.running.append((future, batch))
 
     @staticmethod
     def _requests(batch: Batch) -> tuple[dict[int, Failure] | None, TemporaryError | None]:

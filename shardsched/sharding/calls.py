@@ -372,9 +372,9 @@ class ClusterClient:
     def claim_bound(self, namespace: str, claim: str) -> Reply[bool]:
         return self.channel.send(ClusterBackend.claim_bound, namespace, claim)
 
-    def events_since(self, rv: int | str, kinds: Iterable[str] | None,
-                     limit: int | None) -> Reply[tuple[list[WatchEvent], int]]:
-        return self.channel.send(ClusterBackend.events_since, rv, kinds, limit)
+    def events_since(self, rv: int | str, kinds: Iterable[str] | None, limit: int | None,
+                     wait_s: float | None = None) -> Reply[tuple[list[WatchEvent], int]]:
+        return self.channel.send(ClusterBackend.events_since, rv, kinds, limit, wait_s)
 
     def delete_pod(self, namespace: str, name: str, uid: str | None,
                    grace_period_s: int | None) -> Reply[Any]:

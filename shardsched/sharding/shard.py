@@ -274,12 +274,15 @@ class Shard:
                 log.exception("shard %s: step failed", self.member)
                 self._stop.wait(0.5)  # a failing step must not spin
                 done = 0
-            if not done:
-                wait = self.queue.next_ready_in_s()
-                self._stop.wait(self.options.idle_sleep_s if wait is None else min(max(wait, 0.0), 0.05) or self.options.idle_sleep_s)
+            if not done and not self._stop.is_set():
+                # woken by a pod entering activeQ, a backoff or unschedulable timeout, a binding
+                # cycle ending or `stop`; at most idle_sleep_s (what is due by time alone: the
+                # ledger's binds mark, the shadows' expiry)
+                self.queue.wait_for_pods(self.options.idle_sleep_s)
 
     def stop(self) -> None:
         self._stop.set()
+        self.queue.wake()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until `run_forever` has returned (its binding cycles applied); False on timeout."""

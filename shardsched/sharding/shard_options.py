@@ -17,7 +17,10 @@ class ShardOptions:
         lease_ttl_ms: pod lease lifetime. A crashed shard's pods move on after it; long enough to
             cover one batch's reserve + bind even when the API is slow.
         reservation_ttl_ms: how long a reservation holds capacity without a commit.
-        idle_sleep_s: loop sleep when there is nothing to do (bounded by the next backoff expiry).
+        idle_sleep_s: the longest the loop waits when there is nothing to do; it is woken at once
+            by a pod entering activeQ, the next backoff or unschedulable timeout, a binding cycle
+            ending, or a stop (`SchedulingQueue.wait_for_pods`), so this bounds only what is due
+            by time alone (the binds mark's renewal, the shadows' expiry).
         binding_cycles: batches whose binding cycle (Permit + bind) may run in the background while
             the next batch is scheduled (module docstring); 0 = bind inside the step. Against a
             real API server, where a batch's binds take most of a second, 2 keeps the API busy
@@ -28,7 +31,7 @@ class ShardOptions:
     max_batch_size: int = 1000
     lease_ttl_ms: int = 10_000
     reservation_ttl_ms: int = 10_000
-    idle_sleep_s: float = 0.005
+    idle_sleep_s: float = 0.05
     binding_cycles: int = 0
     seed: int | None = None
 

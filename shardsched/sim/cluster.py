@@ -87,7 +87,7 @@ from shardsched.cluster import (ADDED, BOUND, DELETED, MODIFIED, NAMESPACE, NODE
                                 SPREAD_SELECTOR_KINDS, STORAGE_CLASS, CSI_NODE, CSI_STORAGE_CAPACITY, STORAGE_KINDS,
                                 AlreadyExists, Binding,
                                 BindResult, Capabilities, Conflict, Invalid, NotFound, ServerError, Timeout, WatchEvent,
-                                read_event_log)
+                                read_event_log, wait_for_events)
 from shardsched.cluster.preemption import Candidate, CandidateResult, prepare_candidates
 from shardsched.sim.disruption import (DISRUPTION_ALLOWED, PDB_API_VERSION, Budget, budget_status, healthy,
                                        parse_budget)
@@ -236,6 +236,8 @@ class SimCluster:
         if grace_period_scale < 0:
             raise ValueError("grace_period_scale must be >= 0")
         self._lock = threading.Lock()
+        #: notified at every change (`_commit`): what a long poll of `events_since` waits on
+        self._changed = threading.Condition(self._lock)
         self._clock = clock
         self._grace_period_scale = grace_period_scale
         #: terminating pods: (end on the clock, sequence, pod key, uid), soonest first
@@ -436,7 +438,7 @@ class SimCluster:
         return pod
 
     def events_since(self, rv: int | str, kinds: Iterable[str] | None = None,
-                     limit: int | None = None) -> tuple[list[WatchEvent], int]:
+                     limit: int | None = None, wait_s: float | None = None) -> tuple[list[WatchEvent], int]:
         """Watch events with resourceVersion > ``rv``, oldest first.
 
         Args:
@@ -444,6 +446,9 @@ class SimCluster:
             kinds: only these kinds (``Node``, ``Pod``, ``Namespace``, ``PodDisruptionBudget``);
                 None for all.
             limit: at most this many events; None for all.
+            wait_s: when nothing is new, wait up to this many seconds for the first change (a long
+                poll, `shardsched.cluster.watch.wait_for_events`; the cluster's lock is free
+                meanwhile, and a terminating pod whose grace period ends is deleted on time).
 
         Returns:
             (events, new_rv): pass ``new_rv`` to the next call. It is the current resourceVersion,
@@ -455,7 +460,10 @@ class SimCluster:
             Invalid: ``rv`` is not an integer, or ``limit`` < 1.
         """
         with self._locked():
-            return read_event_log(self._history, self._compacted_rv, self._rv, rv, kinds, limit, "cluster")
+            return wait_for_events(
+                self._changed, lambda: read_event_log(self._history, self._compacted_rv, self._rv, rv, kinds, limit,
+                                                      "cluster"),
+                wait_s, lambda: self._terminating[0][0] - self._clock() if self._terminating else None)
 
     def events_for(self, namespace: str, name: str) -> list[dict]:
         """Events recorded about an object, oldest first (``namespace`` "" for nodes)."""
@@ -1474,6 +1482,7 @@ class SimCluster:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._history.append(WatchEvent(type_, kind, obj, self._rv))
+        self._changed.notify_all()
         if len(self._history) > self._history_limit + self._history_slack:
             drop = len(self._history) - self._history_limit
             self._compacted_rv = self._history[drop - 1].rv

@@ -39,6 +39,7 @@ from shardsched.sharding.coordinator.nominator import unnominate
 from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.partition import assign_new, repartition
 from shardsched.sharding.coordinator.state import CoordinatorState, Nomination
+from shardsched.sharding.coordinator.watch_pump import WATCH_BATCH, WatchAnswer, fetch
 from shardsched.sharding.calls import RemoteUnavailable
 from shardsched.store.ledger import MAX_AMOUNT, BoundPod, NodeEntry
 
@@ -49,9 +50,6 @@ log = logging.getLogger(__name__)
 #: their pods observed as any bound pod
 MAX_COMMIT_REPORTS = 100_000
 
-#: watch events taken per poll: enough to amortize the call, few enough that decoding a burst's
-#: events does not balloon the coordinator's memory (a Python heap rarely shrinks back)
-WATCH_BATCH = 4000
 
 
 @dataclass
@@ -156,14 +154,20 @@ class Intake:
         state.rv = rv
         return Changes(events=len(pods), relisted=True, new_pods=new)
 
-    def poll(self) -> Changes:
-        """Apply the watch events since `CoordinatorState.rv` (at most `WATCH_BATCH`); relist on
-        410 Gone. A cluster that does not answer changes nothing (`last_error` says why)."""
+    def poll(self, answer: WatchAnswer | None = None) -> Changes:
+        """Apply the watch events since `CoordinatorState.rv` (at most `WATCH_BATCH`): ``answer``,
+        the watch pump's (`shardsched.sharding.coordinator.watch_pump`), or asked now; relist on
+        410 Gone. An answer asked from another rv (a relist or a poll came between) is dropped. A
+        cluster that does not answer changes nothing (`last_error` says why)."""
         from shardsched.cluster import Gone
 
         state = self.state
+        if answer is None:
+            answer = fetch(state)
+        elif answer.rv_from != state.rv:
+            return Changes()
         try:
-            events, rv = state.cluster.events_since(state.rv, None, WATCH_BATCH).wait()
+            events, rv = answer.result()
         except Gone:
             log.warning("watch history compacted; relisting")
             return self.relist()

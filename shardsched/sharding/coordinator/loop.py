@@ -1,6 +1,7 @@
 """The coordinator: its jobs over one `CoordinatorState`, and the control loop that runs them.
 
 Each step, under the state lock: the watch intake (`Intake.poll`) applies what the cluster changed
+(the long poll of the watch pump, `shardsched.sharding.coordinator.watch_pump`, in a thread of its own)
 and returns the pending pods first seen, the router (`router.route`) sends them to shards (a gang's
 members wait for their group instead, `Gangs.take`), the rebalancer (`Rebalancer.rebalance`)
 decides for the pods shards handed back, the gangs that are due are decided whole and held in the
@@ -9,7 +10,9 @@ again the pods of removed shards whose fate did not arrive (`Scaler.sweep_limbo`
 in a thread of their own: shard health (`Health.check`), ledger sync (`LedgerSync.check`) and the
 renewal of the preemptors' nominations in the ledger (`Preemption.renew`); and
 every autoscaler period, the autoscaler (`Scaler.autoscale`). Each step logs its own errors and the
-loop goes on.
+loop goes on. Between two steps that found nothing to do the loop waits for a wake-up (`wake`: the
+watch pump has an answer, a shard handed pods back, `stop`), at most ``poll_s``, so a pod that
+arrives alone is routed as soon as the watch shows it, and nothing holds the state lock meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from shardsched.sharding.coordinator.preemption import Preemption
 from shardsched.sharding.coordinator.rebalancer import Rebalancer
 from shardsched.sharding.coordinator.scaling import Scaler
 from shardsched.sharding.coordinator.state import CoordinatorState, ShardRef
+from shardsched.sharding.coordinator.watch_pump import WatchPump
 from shardsched.sharding.protocols import Handoff
 from shardsched.sharding.calls import ClusterClient, ShardClient
 from shardsched.sharding.scaling import AutoscalerOptions, ScaleStep
@@ -54,7 +58,9 @@ class Coordinator:
         num_shards: initial number of shards.
         health_period_s: seconds between two health checks of the shards.
         health_failures: consecutive failed health checks that replace a shard.
-        poll_s: seconds the loop waits after a step that found nothing to do.
+        poll_s: seconds the loop waits at most after a step that found nothing to do (it is woken
+            at once by the watch, a hand-off or `stop`): the delay of what is due by time
+            alone (a gang's backoff, the limbo sweep, the autoscaler).
 
     Attributes:
         state: the shared state (`CoordinatorState`).
@@ -66,7 +72,7 @@ class Coordinator:
 
     def __init__(self, config: SchedulerConfiguration, ledger: Ledger, cluster: ClusterClient,
                  shard_factory: Callable[[int, str], ShardClient], num_shards: int,
-                 health_period_s: float = 1.0, health_failures: int = 3, poll_s: float = 0.01) -> None:
+                 health_period_s: float = 1.0, health_failures: int = 3, poll_s: float = 0.05) -> None:
         self.num_shards = num_shards
         # its FailedScheduling Events and conditions yield to the shards' binds too
         if not cluster.channel.is_actor:
@@ -84,6 +90,9 @@ class Coordinator:
         self.scaler = Scaler(self.state, shard_factory, self.rebalancer)
         self.on_relist: Callable[[], None] | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        #: the watch's long poll (`WatchPump`), running while `run_forever` does
+        self.pump = WatchPump(self.state, self.wake)
         self._last_health = 0.0
         self._health_thread: threading.Thread | None = None  # `run_forever` checks health there
 
@@ -138,20 +147,32 @@ class Coordinator:
 
     # ------------------------------------------------------------------ the loop
     def run_forever(self) -> None:
-        """Poll the watch, rebalance, check health; each step logs its own errors and goes on.
+        """Apply the watch, rebalance, check health; each step logs its own errors and goes on.
         Health checks run in a thread of their own: a hung shard's pings wait out their timeout,
-        which must not hold up the watch and the routing for every other shard."""
+        which must not hold up the watch and the routing for every other shard. The watch is
+        long-polled by the pump's thread (`WatchPump`); the loop waits for a wake-up between steps
+        that found nothing to do (module docstring)."""
         self._health_thread = threading.Thread(target=self._health_loop, name="coordinator-health", daemon=True)
         self._health_thread.start()
-        while not self._stop.is_set():
-            try:
-                busy = self.step()
-            except Exception as e:  # noqa: BLE001 - the control loop never dies
-                self.state.last_error = f"{type(e).__name__}: {e}"
-                log.exception("coordinator step failed")
-                busy = False
-            if not busy:
-                self._stop.wait(self.poll_s)
+        self.pump.start()
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()  # a wake-up during the step makes the wait below return at once
+                try:
+                    busy = self.step()
+                except Exception as e:  # noqa: BLE001 - the control loop never dies
+                    self.state.last_error = f"{type(e).__name__}: {e}"
+                    log.exception("coordinator step failed")
+                    busy = False
+                if not busy:
+                    self._wake.wait(self.poll_s)
+        finally:
+            self.pump.stop()
+
+    def wake(self) -> None:
+        """Make the loop take its next step now (the watch pump has an answer, a shard handed pods
+        back); safe from any thread."""
+        self._wake.set()
 
     def _health_loop(self) -> None:
         while not self._stop.wait(self.health.period_s):
@@ -170,6 +191,8 @@ class Coordinator:
 
     def stop(self) -> None:
         self._stop.set()
+        self.pump.stop()
+        self._wake.set()
 
     def catch_up(self) -> None:
         """Apply every watch event the cluster has sent so far (`poll_watch` until it finds none),
@@ -177,7 +200,7 @@ class Coordinator:
         last poll are tracked, bound ones forgotten. For a report after `stop` (the shards no
         longer bind, so this ends); a cluster that does not answer ends it too."""
         with self.state.lock:
-            while self.poll_watch():
+            while self.poll_watch(direct=True):
                 pass
 
     def step(self) -> bool:
@@ -196,9 +219,19 @@ class Coordinator:
             self.scaler.autoscale()
         return busy
 
-    def poll_watch(self) -> bool:
-        """Apply the watch's new events and route the pods first seen; returns whether there were any."""
-        changes = self.intake.poll()
+    def poll_watch(self, direct: bool = False) -> bool:
+        """Apply the watch's new events and route the pods first seen; returns whether there were
+        any. While the watch pump runs (`run_forever`), the events are its answer, if it has one;
+        else, or with ``direct``, they are asked now without waiting."""
+        pump = self.pump if self.pump.running and not direct else None
+        answer = pump.take() if pump is not None else None
+        if pump is not None and answer is None:
+            return False
+        try:
+            changes = self.intake.poll(answer)
+        finally:
+            if answer is not None:
+                pump.resume()
         self._apply(changes)
         return changes.any
 
@@ -212,8 +245,10 @@ class Coordinator:
 
     # ------------------------------------------------------------------ calls from shards and operators
     def handoff(self, shard: int, items: list[Handoff]) -> None:
-        """Called by shards (fire and forget): pods they cannot place now (`Rebalancer.handoff`)."""
+        """Called by shards (fire and forget): pods they cannot place now (`Rebalancer.handoff`);
+        the loop decides for them at once (`wake`)."""
         self.rebalancer.handoff(shard, items)
+        self._wake.set()
 
     def committed(self, shard: int, epoch: int, uids: list[str]) -> None:
         """Called by shards (fire and forget): pods they bound and committed (`Intake.committed`)."""
