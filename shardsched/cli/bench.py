@@ -185,7 +185,8 @@ def _fail(e: Exception) -> None:
 @click.option("--rate", "rate_pods_per_s", type=FiniteFloat(0, min_open=True),
               help="Paced load instead of a burst: each row's pods are created at this steady rate (pods/s; "
                    "the pods of each 5 ms created together), so the latency columns are those of a pod arriving "
-                   "at that load rather than waiting behind a burst (e.g. --rate 2000 --pods 120000: 60 s).")
+                   "at that load rather than waiting behind a burst (e.g. --rate 2000 --pods 120000 --pod-cpu 100m "
+                   "--pod-memory 128Mi: 60 s, and every pod fits 5,000 nodes).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Profile file (default: kube's default profile).")
 @click.option("--seed", type=int, default=0, show_default=True, help=SEED_HELP)
 @click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=600.0, show_default=True,
