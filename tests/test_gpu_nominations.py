@@ -14,6 +14,7 @@ import time
 
 from shardsched.api.objects import PodInfo
 from shardsched.cache.devices import DEVICES_ANNOTATION, GPU_MILLI_RESOURCE, GPU_RESOURCE, MILLI, device_resource
+from shardsched.cache.node_table import PodUsage
 from shardsched.config import load_config
 from shardsched.plugins.gpudevice.plugin import NO_FREE_DEVICE, GPUDevice
 from shardsched.sharding.nominations import NominatedPods
@@ -318,3 +319,127 @@ profiles:
     devices = sorted(pods[f"g-{i}"]["metadata"]["annotations"][DEVICES_ANNOTATION] for i in range(2))
     assert devices == ["0", "1"]
     assert ledger.nominations("node-00000") == {}
+
+
+def _random_gpu_cluster(rng):
+    """(nodes, bound pods, preemptor): a few nodes of 0-4 GPUs, shares, whole GPUs and CPU pods of
+    mixed priorities and start times (devices as the table places them), a GPU or CPU preemptor."""
+    from shardsched.cache.devices import GPU_RESOURCE as WHOLE
+
+    nodes, running = [], []
+    for i in range(int(rng.integers(1, 7))):
+        gpus = int(rng.choice([0, 1, 2, 4]))
+        n = node(f"n{i}", cpu=str(rng.choice([4, 8])), memory="16Gi",
+                 alloc={WHOLE: str(gpus), GPU_MILLI_RESOURCE: str(gpus * MILLI)} if gpus else None)
+        nodes.append(n)
+        for j in range(int(rng.integers(0, 9))):
+            roll = rng.random()
+            prio = int(rng.choice([-5, 0, 3, 10]))
+            if gpus and roll < 0.55:
+                p = share(f"n{i}-p{j}", int(rng.choice([100, 250, 400, 500, 700, 900])), prio)
+            elif gpus and roll < 0.75:
+                k = int(rng.integers(1, gpus + 1))
+                gpu = {WHOLE: str(k), GPU_MILLI_RESOURCE: str(k * MILLI)}
+                p = pod(f"n{i}-p{j}", cpu="500m", memory="64Mi", requests=gpu, limits=dict(gpu)).with_priority(prio)
+            else:
+                p = pod(f"n{i}-p{j}", cpu=str(rng.choice(["250m", "1", "2"])), memory="64Mi").with_priority(prio)
+            start = int(rng.choice([0, 1, 2]))
+            running.append((p.started(start) if start else p).on(f"n{i}").info())
+    # the devices as a binder would leave them: a GPU pod that fits no device of its node is left out
+    # (over 1000, the per-node search's remove and re-add of a pod could move it to other devices)
+    scratch, kept = table_of(*nodes), []
+    for info in running:
+        usage = PodUsage.of(info)
+        slot = scratch.index[info.node_name]
+        if usage.gpu is None or scratch.devices.pick(slot, usage.gpu):
+            scratch.add_pod(usage, info.node_name)
+            kept.append(info)
+    running = kept
+    roll, prio = rng.random(), int(rng.choice([1, 5, 20]))
+    if roll < 0.6:
+        pre = share("preemptor", int(rng.choice([300, 600, 900, 1000 - 1])), prio)
+    elif roll < 0.85:
+        k = int(rng.choice([1, 2]))
+        gpu = {WHOLE: str(k), GPU_MILLI_RESOURCE: str(k * MILLI)}
+        pre = pod("preemptor", cpu="1", memory="64Mi", requests=gpu, limits=dict(gpu)).with_priority(prio)
+    else:
+        pre = pod("preemptor", cpu=str(rng.choice(["3", "6"])), memory="64Mi").with_priority(prio)
+    return [n.info() for n in nodes], running, pre.info()
+
+
+def test_the_vectorized_device_search_agrees_with_the_per_node_search():
+    """DefaultPreemption under GPUDevice on random GPU clusters: the vectorized search (devices as
+    arrays) and the per-node search (GPUDevice's Filter per potential victim) give the same node,
+    victims in order, PDB violations and message; the table is left as it was."""
+    import numpy as np
+
+    from shardsched.framework.cycle_state import CycleState
+    from shardsched.framework.runtime import Framework
+    from shardsched.plugins.defaultpreemption import search
+    from shardsched.plugins.defaultpreemption.plugin import DefaultPreemption
+    from shardsched.plugins.registry import IN_TREE
+    from shardsched.scheduler.algorithm import GenericScheduler
+
+    framework = Framework(CONFIG.profiles[0], IN_TREE, None, False)
+    compared = preempted = 0
+    kinds = {}
+    for case in range(250):
+        rng = np.random.default_rng(1000 + case)
+        nodes, running, pre = _random_gpu_cluster(rng)
+        pct, absolute = (10, 100) if case % 3 else (0, int(rng.integers(1, 3)))
+        outcomes = []
+        for vectorized in (True, False):
+            table = table_of(*nodes, pods=running)
+            sched = GenericScheduler(framework, table, seed=case)
+            result = sched.schedule(pre, assume=False)
+            if result.node is not None:
+                break
+            before = (table.requested[:, : table.n].copy(), table.devices.free[: table.n].copy())
+            if vectorized:
+                for k in search.plan(pre, sched, np.flatnonzero(table.valid[: table.n])).kind.tolist():
+                    kinds[k] = kinds.get(k, 0) + 1
+            pf = DefaultPreemption(pct, absolute, vectorized=vectorized).post_filter(
+                CycleState(), pre, result.status.diagnosis, sched)
+            outcomes.append((pf.status.code, pf.status.message, pf.nominated_node, [u.key for u in pf.victims],
+                             pf.num_pdb_violations))
+            assert np.array_equal(before[0], table.requested[:, : table.n]), f"case {case}: table changed"
+            assert np.array_equal(before[1], table.devices.free[: table.n]), f"case {case}: devices changed"
+        if len(outcomes) == 2:
+            compared += 1
+            preempted += outcomes[0][2] not in (None, "")
+            assert outcomes[0] == outcomes[1], f"case {case}"
+    assert compared > 60 and 30 < preempted < compared, (compared, preempted)
+    assert kinds.get(search.FEASIBLE, 0) > 50 and kinds.get(search.NO_FIT, 0) > 10, kinds
+
+
+def test_a_node_whose_devices_no_victims_can_free_gets_the_device_reason():
+    """Two 500 shares of higher priority than the preemptor, one per device, and a 100 share of
+    lower priority: the node's GPU sum has room once the 100 goes (NodeResourcesFit passes), no
+    device ever has 600: both searches say so with GPUDevice's reason."""
+    import numpy as np
+
+    from shardsched.framework.runtime import Framework
+    from shardsched.plugins.defaultpreemption import search
+    from shardsched.plugins.defaultpreemption.plugin import DefaultPreemption
+    from shardsched.plugins.registry import IN_TREE
+    from shardsched.scheduler.algorithm import GenericScheduler
+
+    running = []
+    for name, milli, prio, device in (("a", 500, HIGH + 1, 0), ("b", 500, HIGH + 1, 1), ("c", 100, LOW, 0)):
+        p = share(name, milli, prio).on("n")
+        p["metadata"]["annotations"] = {DEVICES_ANNOTATION: str(device)}
+        running.append(p)
+    messages = []
+    for vectorized in (True, False):
+        table = table_of(gpu_node("n"), pods=running)
+        sched = GenericScheduler(Framework(CONFIG.profiles[0], IN_TREE, None, False), table, seed=0)
+        post = next(p for p in sched.framework.post_filter_plugins if isinstance(p, DefaultPreemption))
+        post.vectorized = vectorized
+        info = share("high", 600, HIGH).info()
+        if vectorized:
+            assert search.plan(info, sched, np.array([0])).kind.tolist() == [search.NO_FIT]
+        result = sched.schedule(info, assume=False)
+        pf = sched.post_filter(info, result.status)
+        assert not pf.status.is_success()
+        messages.append(pf.status.message)
+    assert messages[0] == messages[1] == f"preemption: 0/1 nodes are available: 1 {NO_FREE_DEVICE}."

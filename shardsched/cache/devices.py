@@ -68,6 +68,13 @@ class DeviceRequest:
     def total_milli(self) -> int:
         return self.count * self.milli
 
+    def fits_free(self, free: np.ndarray) -> np.ndarray:
+        """bool per row of ``free`` (rows of free thousandths per device, shape (k, width)): a
+        share fits when one device has ``milli`` free, whole devices when ``count`` are wholly free."""
+        if self.share:
+            return (free >= self.milli).any(axis=1)
+        return (free >= MILLI).sum(axis=1) >= self.count
+
 
 def device_request(requests: Mapping[str, int]) -> DeviceRequest | None:
     """The devices a pod asks for (module docstring), or None when it asks for no GPU.

@@ -35,6 +35,7 @@ import numpy as np
 
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
+from shardsched.cache.devices import DeviceRequest
 from shardsched.cache.node_table import NodeTable, PodUsage
 from shardsched.cache.pod_groups import PodGroupCache
 from shardsched.framework.cycle_state import CycleState
@@ -119,6 +120,14 @@ class FilterPlugin(PreFilterPlugin):
         resources (NodeResourcesFit): what it checks for this pod, read from ``state`` after its
         PreFilter; None for every other Filter. DefaultPreemption's vectorized search checks
         these itself, over all nodes at once."""
+        return None
+
+    def device_check(self, state: CycleState) -> DeviceRequest | None:
+        """For a Filter that checks nothing but a pod's GPU devices against the NodeTable's device
+        columns (GPUDevice: one device with the share free, or enough wholly free devices): the
+        pod's request, read from ``state`` after its PreFilter; None for every other Filter.
+        DefaultPreemption's vectorized search then checks the devices itself, each victim freeing
+        its own devices (docs/gpu.md)."""
         return None
 
     def passes_without_pods(self, pod: PodInfo) -> bool:

@@ -357,7 +357,15 @@ class DefaultPreemption(PostFilterPlugin):
             statuses[NO_VICTIMS] += no_victims
         no_fit = looked == search.NO_FIT
         if no_fit.any():
-            short = p.short[:, p.order[:stop][no_fit]]
+            slots = p.order[:stop][no_fit]
+            short = p.short[:, slots]
+            dev = p.device
+            if dev is not None:  # a node's reasons are those of the first Filter that rejects it
+                by_device = dev.short[slots] & dev.reason_first[slots]
+                short = short & ~by_device
+                if by_device.any():
+                    for reason, c in dev.plugin.failure_reasons(dev.state, pod, handle.table, slots[by_device]).items():
+                        statuses[reason] += c
             for reason, c in zip(p.check.reasons, short.sum(axis=1).tolist()):
                 if c:
                     statuses[reason] += c

@@ -16,6 +16,11 @@ A node goes to the per-node search (`EXACT`) when another Filter could change wi
 Filter that does not say it `passes_without_pods` (required pod affinity does not) is in the
 profile, or the node fails some other Filter now (ports, anti-affinity, spread skew), or the pod
 fits it as it is. No PreFilter rejection, one resource Filter: otherwise every node is `EXACT`.
+
+A GPU device Filter (`FilterPlugin.device_check`, GPUDevice's) is checked the same way, per
+device: each pod of lower priority frees the thousandths it holds on its own devices, so the free
+devices with all of them gone, and after each one put back, are rows of arrays too; the pod fits
+when ONE device has its share free (or enough devices are wholly free), never over two devices.
 The results are those of the per-node search (the tests compare them on random clusters).
 """
 
@@ -29,7 +34,9 @@ import numpy as np
 from shardsched.api.disruption import PodDisruptionBudget
 from shardsched.api.objects import PodInfo
 from shardsched.api.quantity import PODS
-from shardsched.framework.interface import PostFilterHandle, ResourceCheck
+from shardsched.cache.devices import DeviceRequest
+from shardsched.framework.cycle_state import CycleState
+from shardsched.framework.interface import FilterPlugin, PostFilterHandle, ResourceCheck
 
 #: how the search sees a node it looks at (`Plan.kind`)
 NO_VICTIMS, NO_FIT, EXACT, FEASIBLE = 0, 1, 2, 3
@@ -54,6 +61,54 @@ class Plan:
     check: ResourceCheck | None = None
     short: np.ndarray | None = None
     free_all: np.ndarray | None = None
+    device: "DeviceFit | None" = None
+
+
+@dataclass(slots=True)
+class DeviceFit:
+    """The device Filter of a `Plan` (`FilterPlugin.device_check`).
+
+    Attributes:
+        request: the pod's devices.
+        free_all: int64 (table slots, device width): each device's free thousandths with every pod
+            of lower priority gone.
+        short: bool per table slot: no device set fits even then.
+        reason_first: bool per table slot: on a node that does not fit even then, the device
+            Filter's reasons are the node's (it runs before the resource Filter, or the resources
+            fit); else the resource Filter's.
+        plugin: the Filter, for its reasons (`FilterPlugin.failure_reasons`).
+        state: the cycle state its reasons read.
+    """
+
+    request: DeviceRequest
+    free_all: np.ndarray
+    short: np.ndarray
+    reason_first: np.ndarray
+    plugin: FilterPlugin
+    state: CycleState
+
+
+def _devices_below(table, cols, priority: int, n: int) -> np.ndarray:
+    """int64 (n, device width): per node slot, the thousandths its pods of priority below
+    ``priority`` hold on each device."""
+    out = np.zeros((n, table.devices.width), np.int64)
+    rows = cols.rows_below(priority, np.ones(n, bool))
+    _add_devices(out, cols.slot[rows].tolist(), [cols.usage[r] for r in rows.tolist()])
+    return out
+
+
+def _add_devices(out: np.ndarray, at: list[int], usages: list) -> None:
+    """Add to ``out[at[i]]`` the thousandths ``usages[i]`` holds on each of its devices."""
+    where, device, milli = [], [], []
+    for i, u in zip(at, usages):
+        gpu = u.gpu
+        if gpu is not None:
+            for d in u.devices:
+                where.append(i)
+                device.append(d)
+                milli.append(gpu.milli)
+    if where:
+        np.add.at(out, (np.array(where), np.array(device)), np.array(milli, np.int64))
 
 
 def exact_plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Plan:
@@ -65,7 +120,7 @@ def plan(pod: PodInfo, handle: PostFilterHandle, order: np.ndarray) -> Plan:
     """Classify the nodes of ``order`` (table slots) for ``pod`` (module docstring). Reads the
     table, runs the profile's PreFilters and the non-resource Filters once over every node."""
     p = classify(pod, handle)
-    return Plan(order, p.kind[order], p.check, p.short, p.free_all)
+    return Plan(order, p.kind[order], p.check, p.short, p.free_all, p.device)
 
 
 def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = None) -> Plan:
@@ -86,8 +141,10 @@ def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = 
         return Plan(at, kind)
     checks = [(f, f.resource_check(state)) for f in filters]
     fits = [c for f, c in checks if c is not None]
-    others = [f for f, c in checks if c is None]
-    if len(fits) != 1 or not all(f.passes_without_pods(pod) for f in others):
+    devices = [(i, f, f.device_check(state)) for i, (f, c) in enumerate(checks) if c is None]
+    devices = [d for d in devices if d[2] is not None]
+    others = [f for f, c in checks if c is None and not any(f is d[1] for d in devices)]
+    if len(fits) != 1 or len(devices) > 1 or not all(f.passes_without_pods(pod) for f in others):
         return Plan(at, kind)
     check = fits[0]
     others_ok = np.ones(len(at), bool)
@@ -100,9 +157,21 @@ def classify(pod: PodInfo, handle: PostFilterHandle, where: np.ndarray | None = 
     free_all = free_now + below[rows]
     short = free_all < need
     fits_now = (free_now >= need).all(axis=0)
-    feasible = np.where(short.any(axis=0), NO_FIT, FEASIBLE).astype(np.int8)
+    no_fit = short.any(axis=0)
+    device = None
+    if devices:
+        (index, plugin, request), = devices
+        dev_now = table.devices.free[at].astype(np.int64)
+        dev_free_all = dev_now + _devices_below(table, table.pod_columns(), pod.priority, n)[at]
+        dev_short = ~request.fits_free(dev_free_all)
+        fits_now &= request.fits_free(dev_now)
+        resource_at = next(i for i, (f, c) in enumerate(checks) if c is not None)
+        first = np.full(len(at), index < resource_at) | ~no_fit
+        device = DeviceFit(request, dev_free_all, dev_short, first, plugin, state)
+        no_fit = no_fit | dev_short
+    feasible = np.where(no_fit, NO_FIT, FEASIBLE).astype(np.int8)
     kind = np.where(has_victims & others_ok & ~fits_now, feasible, kind)
-    return Plan(at, kind, check, short, free_all)
+    return Plan(at, kind, check, short, free_all, device)
 
 
 @dataclass(slots=True)
@@ -192,12 +261,22 @@ def reprieve(pod: PodInfo, handle: PostFilterHandle, p: Plan, positions: np.ndar
     g_of_pos = np.searchsorted(slot[bounds], slots)
     avail = np.empty((len(check_rows), len(bounds)), np.int64)
     avail[:, g_of_pos] = p.free_all[:, slots] - np.array(p.check.requests, np.int64)[:, None]
+    dev = p.device
+    if dev is not None:  # each device's free thousandths per node, and what each pod holds of them
+        dev_avail = np.empty((len(bounds), dev.free_all.shape[1]), np.int64)
+        dev_avail[g_of_pos] = dev.free_all[slots]
+        dev_need = np.zeros((n, dev.free_all.shape[1]), np.int64)
+        _add_devices(dev_need, list(range(n)), [cols.usage[r] for r in rows.tolist()])
     victim = np.zeros(n, bool)
     for k in range(int(lengths.max()) if n else 0):
         live = np.flatnonzero(lengths > k)
         at = bounds[live] + k
         nd = need[:, at]
         keep = (nd <= avail[:, live]).all(axis=0)
+        if dev is not None:
+            after = dev_avail[live] - dev_need[at]
+            keep &= dev.request.fits_free(after)
+            dev_avail[live[keep]] = after[keep]
         avail[:, live] -= nd * keep
         victim[at] = ~keep
     vrows, vgroup, vviol = rows[victim], group[victim], violating[victim]

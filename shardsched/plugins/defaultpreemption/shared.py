@@ -22,7 +22,7 @@ The evaluation of a node is reused only while it is known to depend on that node
   topology spread depend on other nodes' pods), and the table's static, affinity and volume
   generations, its size, and the PodDisruptionBudgets are the same as when it was computed;
 - the search is vectorized for the signature (one resource Filter, the others pass without
-  pods); a node the search would evaluate with the per-node search (EXACT) before it stops sends
+  pods, no GPU device check: a GPU preemptor under GPUDevice takes the unshared search); a node the search would evaluate with the per-node search (EXACT) before it stops sends
   the whole PostFilter to the unshared search.
 
 Anything else (a trimmed change log, the pod columns rebuilt, more than a quarter of the nodes
@@ -195,7 +195,7 @@ class SharedSearch:
                   members: search.PdbMembers) -> _Evaluation | None:
         table = handle.table
         p = search.classify(pod, handle)
-        if p.check is None:
+        if p.check is None or p.device is not None:  # a GPU device check: the unshared search
             return None
         n = table.n
         e = _Evaluation(token, table.log_position(), table.pod_columns().generation, p,

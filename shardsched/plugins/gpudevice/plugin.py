@@ -113,6 +113,10 @@ class GPUDevice(FilterPlugin, ScorePlugin):
             return bool((free >= req.milli).any())
         return int((free >= MILLI).sum()) >= req.count
 
+    def device_check(self, state: CycleState) -> DeviceRequest | None:
+        """The pod's `DeviceRequest` (DefaultPreemption's vectorized search checks it per device)."""
+        return state.read(_KEY)
+
     def failure_reasons(self, state, pod, table, slots):
         req: DeviceRequest = state.read(_KEY)
         count = table.devices.count[slots]
