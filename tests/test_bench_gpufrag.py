@@ -71,9 +71,11 @@ def test_placements_recompute_the_result(tmp_path, policy):
             assert model in p["gpu_spec"].split("|")
 
 
-def test_fgd_breaks_ties_to_the_smallest_node_name_as_the_fgd_simulator(tmp_path):
-    """fgd's nodes tie for a CPU pod (no fragmentation changes): the FGD simulator's fork of
-    kube-scheduler takes the smallest name, whatever the seed; random ties spread over seeds."""
+@pytest.mark.parametrize("policy", ["fgd", "packing", "dotprod"])
+def test_simulator_policies_break_ties_to_the_smallest_node_name(tmp_path, policy):
+    """The nodes tie for a CPU pod (fgd: no fragmentation changes; packing: 0 for a pod without
+    GPU; dotprod: the same free everywhere): the FGD simulator's fork of kube-scheduler takes the
+    smallest name, whatever the seed; random ties (bestfit's) spread over seeds."""
     nodes = [NodeRow(name, 32000, 131072, 2, "T4") for name in ("n-c", "n-a", "n-b")]
     path = tmp_path / "pods.csv"
     path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nq0,1000,1024,0,0,\n")
@@ -84,7 +86,7 @@ def test_fgd_breaks_ties_to_the_smallest_node_name_as_the_fgd_simulator(tmp_path
         gpufrag.run_one(nodes, pods, "t", policy, seed, placements_out=str(out))
         return json.loads(out.read_text().splitlines()[0])["node"]
 
-    assert {node_of("fgd", s) for s in range(8)} == {"n-a"}
+    assert {node_of(policy, s) for s in range(8)} == {"n-a"}
     assert len({node_of("bestfit", s) for s in range(8)}) > 1
 
 
@@ -192,6 +194,6 @@ def test_run_trace_profile_checks_devices_and_aggregate_is_an_explicit_relaxatio
 
     profile = load_config(TRACE_PROFILE).profiles[0]
     assert "GPUDevice" in [p.name for p in profile.enabled("filter")]
-    assert profile.plugin_args["GPUDevice"].scoring_strategy == "FGDBestFit"
+    assert profile.plugin_args["GPUDevice"].scoring_strategy == "FGDPlus"
     res = CliRunner().invoke(cli, ["run", "--gpu-aggregate"])
     assert res.exit_code == 2 and "--gpu-aggregate goes with --trace and without --config" in res.output

@@ -132,8 +132,9 @@ _NODES = dict(cpu_free=[32000, 32000, 32000], free=[[500, 1000] + [0] * 6, [1000
     (scoring.PACKING, scoring.PodShape(1000, 1, 500), (0, 0)),
     (scoring.PACKING, scoring.PodShape(1000, 1, 1000), (0, -1)),
     (scoring.BEST_FIT, scoring.PodShape(1000, 1, 1000), (0, -1)),
-    # per node capacity, one GPU of eight free aligns least with the pod: the 8-GPU node
-    (scoring.DOT_PROD, scoring.PodShape(1000, 1, 1000), (2, -1)),
+    # over the largest node's capacity (the FGD simulator's normMethod max), the node with the
+    # least GPU free aligns least with the pod (nodes 0 and 1 tie at 98: the first)
+    (scoring.DOT_PROD, scoring.PodShape(1000, 1, 1000), (0, -1)),
     (scoring.FGD, scoring.PodShape(1000, 1, 500), (0, 0)),
 ], ids=["bestfit-share", "packing-share-on-used-gpu", "packing-whole-on-used-node", "bestfit-whole",
         "dotprod-whole", "fgd-share-fills-the-half"])

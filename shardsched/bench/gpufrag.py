@@ -39,11 +39,12 @@ NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_LISTS = ("default", "gpushare40", "gpuspec33", "multigpu50", "cpu050")
 #: policy name on the command line -> GPUDevice scoring strategy
 POLICIES = {"random": scoring.RANDOM, "bestfit": scoring.BEST_FIT, "packing": scoring.PACKING,
-            "dotprod": scoring.DOT_PROD, "fgd": scoring.FGD, "fgd-bestfit": scoring.FGD_BEST_FIT}
-DEFAULT_POLICY = "fgd-bestfit"
+            "dotprod": scoring.DOT_PROD, "fgd": scoring.FGD, "fgd-bestfit": scoring.FGD_BEST_FIT,
+            "fgd-plus": scoring.FGD_PLUS}
+DEFAULT_POLICY = "fgd-plus"
 #: policies decided by the FGD simulator's rule (module docstring): integer scores, ties to the
 #: smallest node name; the others compare raw scores and break ties uniformly at random
-SIMULATOR_RULE = ("fgd",)
+SIMULATOR_RULE = ("fgd", "packing", "dotprod")
 NODE_PODS = 1001
 INFLATION = 1.3
 ARRIVAL_POINTS = (1.0, 1.3)
@@ -178,8 +179,10 @@ class _Scorer:
     only on the nodes that changed since (a node's score depends on its own state alone), as the
     scheduler's per-signature cache does."""
 
-    def __init__(self, cluster: Cluster, strategy: str, typical, access, rng: np.random.Generator) -> None:
+    def __init__(self, cluster: Cluster, strategy: str, typical, access, rng: np.random.Generator,
+                 pressure: np.ndarray | None = None) -> None:
         self.cluster, self.strategy, self.typical, self.access, self.rng = cluster, strategy, typical, access, rng
+        self.pressure = pressure
         self.log: list[int] = []
         self.entries: dict[scoring.PodShape, list] = {}
         self.cached = strategy != scoring.RANDOM
@@ -191,7 +194,7 @@ class _Scorer:
         c = self.cluster
         view = scoring.NodeView(c.cpu_free[rows], c.cpu_alloc[rows], c.free[rows], c.count[rows], c.model[rows],
                                 c.mem_free[rows])
-        return scoring.score(self.strategy, view, shape, self.typical, self.access, self.rng)
+        return scoring.score(self.strategy, view, shape, self.typical, self.access, self.rng, self.pressure)
 
     def scores(self, shape: scoring.PodShape, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(scores, device) over the feasible nodes ``idx``."""
@@ -219,7 +222,11 @@ def run_one(nodes: Sequence[NodeRow], pods: Sequence[PodRow], pod_list: str, pol
     typical = typical_pods(pods) if strategy in scoring.NEEDS_TYPICAL else None
     access = typical.access(cluster.models) if typical is not None else None
     rng = np.random.default_rng(seed)
-    scorer = _Scorer(cluster, strategy, typical, access, rng)
+    pressure = None
+    if strategy == scoring.FGD_PLUS:
+        capacity = np.array([cluster.count[cluster.model == i].sum() * MILLI for i in range(len(cluster.models))])
+        pressure = scoring.model_pressure(typical, cluster.models, capacity)
+    scorer = _Scorer(cluster, strategy, typical, access, rng, pressure)
     simulator_rule = policy in SIMULATOR_RULE
     name_rank = np.argsort(np.argsort(np.array(cluster.names)))
     cap = cluster.capacity_milli

@@ -378,9 +378,9 @@ def _seed_range(ctx, param, value):
 @bench.command("gpu-frag")
 @click.option("--pod-list", default="default", show_default=True, metavar="NAME",
               help="Pod list of the openb trace: default, gpushare40, gpuspec33, multigpu50, cpu050, or a CSV file.")
-@click.option("--policy", type=click.Choice(["random", "bestfit", "packing", "dotprod", "fgd", "fgd-bestfit"]),
-              default="fgd-bestfit", show_default=True,
-              help="Placement policy (GPUDevice's scoring strategies); fgd-bestfit is the one recommended.")
+@click.option("--policy", type=click.Choice(["random", "bestfit", "packing", "dotprod", "fgd", "fgd-bestfit", "fgd-plus"]),
+              default="fgd-plus", show_default=True,
+              help="Placement policy (GPUDevice's scoring strategies); fgd-plus is the one recommended.")
 @click.option("--seeds", default="42-51", show_default=True, callback=_seed_range,
               help="Seeds of the runs (shuffle, inflation, tie-breaks): a range 42-51 or a list.")
 @click.option("--seed", type=int, help="One run with this seed (instead of --seeds).")

@@ -312,7 +312,7 @@ profiles:
   pluginConfig:
   - name: GPUDevice
     args:
-      scoringStrategy: FGDBestFit
+      scoringStrategy: FGDPlus
 """
 
 

@@ -351,13 +351,13 @@ class GPUDeviceArgs(PluginArgs):
     """Args of GPUDevice (`shardsched.plugins.gpudevice`, docs/gpu.md).
 
     Attributes:
-        scoring_strategy: ``FGD`` (default), ``FGDBestFit``, ``BestFit``, ``Packing``, ``DotProd``
-            or ``Random``.
+        scoring_strategy: ``FGD`` (default), ``FGDBestFit``, ``FGDPlus`` (the one recommended),
+            ``BestFit``, ``Packing``, ``DotProd`` or ``Random``.
         typical_pods: the workload the FGD strategies measure fragmentation against; empty: the
             shapes of the pods the plugin scores, learned as they come.
     """
 
-    scoring_strategy: Literal["FGD", "FGDBestFit", "BestFit", "Packing", "DotProd", "Random"] = "FGD"
+    scoring_strategy: Literal["FGD", "FGDBestFit", "FGDPlus", "BestFit", "Packing", "DotProd", "Random"] = "FGD"
     typical_pods: list[TypicalPodSpec] = Field(default_factory=list)
 
 

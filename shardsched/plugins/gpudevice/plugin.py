@@ -14,7 +14,7 @@ look at each device. This plugin does that over the NodeTable's device columns
   devices), ``node(s) had no GPU device with enough free`` (resolvable). The GPU model is a node
   label (``shardsched.io/gpu-model``), constrained per pod by node affinity (NodeAffinity's Filter).
 - Score: one strategy of `shardsched.plugins.gpudevice.scoring` (``BestFit``, ``Packing``,
-  ``DotProd``, ``FGD``, ``FGDBestFit``; ``Random`` scores all nodes the same), mapped to [0, 100]
+  ``DotProd``, ``FGD``, ``FGDBestFit``, ``FGDPlus``; ``Random`` scores all nodes the same), mapped to [0, 100]
   per node (`scoring.to_node_score`). FGD measures fragmentation against typical pods: those of the args, else the shapes of
   the pods this plugin has scored so far (rebuilt each time their number doubles).
 - `choose_devices`: the devices the strategy takes on the chosen node; the scheduler records them
@@ -84,6 +84,7 @@ class GPUDevice(FilterPlugin, ScorePlugin):
         self._seen_uids: set[str] = set()
         self._next_learn = _LEARN_FIRST
         self._access: tuple[int, np.ndarray] | None = None
+        self._pressure: tuple[tuple, np.ndarray] | None = None
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -167,10 +168,24 @@ class GPUDevice(FilterPlugin, ScorePlugin):
             self._access = (len(models), self.typical.access(models))
         return self._access[1]
 
+    def _pressure_for(self, table: NodeTable) -> np.ndarray | None:
+        """FGDPlus's contention per model (`scoring.model_pressure`) over the table's GPU capacity
+        per model, kept until the typical pods, the models or the capacity change."""
+        if self.strategy != scoring.FGD_PLUS or self.typical is None:
+            return None
+        dev, n = table.devices, table.n
+        known = dev.model[:n] >= 0
+        capacity = np.bincount(dev.model[:n][known], weights=dev.count[:n][known].astype(np.float64),
+                               minlength=len(dev.models)) * MILLI
+        key = (id(self.typical), tuple(dev.models), capacity.tobytes())
+        if self._pressure is None or self._pressure[0] != key:
+            self._pressure = (key, scoring.model_pressure(self.typical, dev.models, capacity))
+        return self._pressure[1]
+
     def _raw(self, pod: PodInfo, table: NodeTable, idx: Index) -> tuple[np.ndarray, np.ndarray]:
         req = device_request(pod.requests)
         return scoring.score(self.strategy, self._view(table, idx), _shape(pod, req), self.typical,
-                             self._access_for(table), self.rng)
+                             self._access_for(table), self.rng, self._pressure_for(table))
 
     def score(self, state: CycleState, pod: PodInfo, table: NodeTable, idx: Index) -> np.ndarray:
         """int64 over idx in [0, 100]: the strategy's score mapped by `scoring.to_node_score` (a

@@ -13,11 +13,12 @@ Workloads with Fragmentation Gradient Descent" (USENIX ATC '23), whose rules thi
 - ``Random``: every feasible node scores the same; a random fitting device.
 - ``BestFit``: the least left over after placement, ``-(0.5 * cpu_left / MAX_SPEC_CPU_MILLI +
   0.5 * gpu_left / MAX_SPEC_GPU_MILLI)``; a share takes the fitting device with the least free.
-- ``Packing``: a share that fits a partly used device first (the less it leaves free, the better),
-  then a node that is partly used (the fewer wholly free devices taken, the better), then an unused
-  node (the fewer devices it has, the better).
-- ``DotProd``: the smallest dot product of the pod's request and the node's free resources, each
-  (CPU, GPU) divided by the node's capacity (Tetris' alignment, as the paper's baseline reads it).
+- ``Packing``: the FGD simulator's ``GpuPackingScore`` (an integer): a share that fits a partly used
+  device first (the less that device has free, the better), then a partly used node (the fewer
+  wholly free devices taken, the better), then an unused node (the fewer devices, the better).
+- ``DotProd``: the FGD simulator's ``DotProductScore`` as its experiment configures it (merge,
+  max): the smallest dot product of the pod's request and the node's free (CPU, GPU summed over
+  devices), each divided by the largest node's, as an integer (Tetris' alignment).
 - ``FGD``: fragmentation gradient descent. A node's fragmentation for a workload of typical pods
   (`TypicalPods`: shapes and their frequencies) is ``F = sum_k p_k * f_k``, where ``f_k`` is the
   node's free GPU thousandths that typical pod ``k`` could not use: all of them when ``k`` asks for
@@ -30,6 +31,14 @@ Workloads with Fragmentation Gradient Descent" (USENIX ATC '23), whose rules thi
   with CPU to spare, a whole GPU on any of many half-used nodes) and picks one at random, which
   spreads CPU thinly until big GPU pods find no node with the CPU they need; the BestFit term packs
   within those ties and costs FGD little elsewhere (docs/benchmarks.md, ``bench gpu-frag``).
+- ``FGDPlus`` (ours, the recommended one): FGDBestFit and two terms. *Model contention*: a pod's
+  GPU thousandths cost `CONTENTION_WEIGHT` times its node's model's `model_pressure`, the typical
+  demand constrained to sets of models that include it per share of the capacity, so that a pod
+  that may run anywhere leaves the models that constrained pods need (FGD counts a node's GPUs as
+  fragment for a pod that cannot use its model, but that does not say which models are short).
+  *Share leftovers* (a look-ahead on the device): a share's device also pays `LEFTOVER_WEIGHT`
+  per thousandth it adds to what no mix of typical shares can fill on that device
+  (`TypicalPods.waste`), so that a share goes where what it leaves can still be used up.
 """
 
 from __future__ import annotations
@@ -44,9 +53,16 @@ from shardsched.cache.devices import MILLI
 
 RANDOM, BEST_FIT, PACKING, DOT_PROD, FGD = "Random", "BestFit", "Packing", "DotProd", "FGD"
 FGD_BEST_FIT = "FGDBestFit"
-STRATEGIES = (RANDOM, BEST_FIT, PACKING, DOT_PROD, FGD, FGD_BEST_FIT)
+FGD_PLUS = "FGDPlus"
+STRATEGIES = (RANDOM, BEST_FIT, PACKING, DOT_PROD, FGD, FGD_BEST_FIT, FGD_PLUS)
 #: the strategies that measure fragmentation against typical pods
-NEEDS_TYPICAL = (FGD, FGD_BEST_FIT)
+NEEDS_TYPICAL = (FGD, FGD_BEST_FIT, FGD_PLUS)
+#: FGDPlus: thousandths of fragmentation that one thousandth of GPU placed on a model of
+#: contention 1 (`model_pressure`) costs
+CONTENTION_WEIGHT = 0.2
+#: FGDPlus: thousandths of fragmentation that one thousandth of a device's free left where no
+#: mix of typical shares fills it (`TypicalPods.waste`) costs
+LEFTOVER_WEIGHT = 1.0
 #: FGDBestFit: thousandths of fragmentation one unit of BestFit's leftover is worth (its weight)
 FGD_BEST_FIT_WEIGHT = 100.0
 #: BestFit's normalisation: the largest CPU and GPU shapes of a node in the openb trace
@@ -134,6 +150,25 @@ class TypicalPods:
                    np.array([s[2] for s, _ in kept], np.int64), tuple(frozenset(s[3]) for s, _ in kept), w / w.sum(),
                    np.array([memory[s] // n for s, n in kept], np.int64))
 
+    @property
+    def waste(self) -> np.ndarray:
+        """float64 (1001,): ``waste[L]``, the least of ``L`` free thousandths of a device that the
+        typical shares cannot fill, in any number and mix (an unbounded knapsack); 0 for 1000."""
+        cached = self.__dict__.get("_waste")
+        if cached is not None:
+            return cached
+        sizes = sorted({int(m) for c, m in zip(self.count, self.milli) if c == 1 and 0 < m < MILLI})
+        out = np.arange(MILLI + 1, dtype=np.float64)
+        for L in range(1, MILLI + 1):
+            for sz in sizes:
+                if sz > L:
+                    break
+                if out[L - sz] < out[L]:
+                    out[L] = out[L - sz]
+        out[MILLI] = 0.0
+        object.__setattr__(self, "_waste", out)
+        return out
+
     def access(self, models: Sequence[str]) -> np.ndarray:
         """bool (M + 1, K): row ``code + 1`` says which shapes may use a node of model ``models[code]``
         (row 0: a node of unknown model, which only unconstrained shapes may use)."""
@@ -162,7 +197,8 @@ def _best_fit_device(free: np.ndarray, milli: int) -> np.ndarray:
 
 
 def score(strategy: str, view: NodeView, shape: PodShape, typical: TypicalPods | None = None,
-          access: np.ndarray | None = None, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+          access: np.ndarray | None = None, rng: np.random.Generator | None = None,
+          pressure: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(scores float64 (n,), device int (n,)) of ``strategy`` for the rows of ``view``, which must
     all fit the pod (`device_fit` and CPU); higher is better. ``device``: the device a share takes
     on each node (-1 otherwise). FGD needs ``typical`` and its ``access`` (`TypicalPods.access`);
@@ -176,8 +212,11 @@ def score(strategy: str, view: NodeView, shape: PodShape, typical: TypicalPods |
     if strategy in NEEDS_TYPICAL:
         if typical is None or access is None:
             raise ValueError(f"{strategy} needs typical pods")
-        frag, device = _fgd(view, shape, typical, access, strategy == FGD_BEST_FIT)
-        if strategy == FGD_BEST_FIT:
+        plus = strategy == FGD_PLUS
+        frag, device = _fgd(view, shape, typical, access, strategy != FGD, typical.waste if plus else None)
+        if plus and pressure is not None and shape.gpu_count:
+            frag = frag - CONTENTION_WEIGHT * shape.gpu_count * shape.gpu_milli * pressure[view.model + 1]
+        if strategy != FGD:
             frag = frag + FGD_BEST_FIT_WEIGHT * _best_fit(view, shape)
         return frag, device
     if strategy == RANDOM:
@@ -188,28 +227,44 @@ def score(strategy: str, view: NodeView, shape: PodShape, typical: TypicalPods |
             device = np.where(ok, r, -1.0).argmax(axis=1)
         return np.zeros(n), device
     device = _best_fit_device(view.free, shape.gpu_milli) if share else np.full(n, -1, np.int64)
-    gpu_total = view.free.sum(axis=1).astype(np.float64)
-    gpu_req = shape.gpu_count * shape.gpu_milli
     if strategy == BEST_FIT:
         return _best_fit(view, shape), device
     if strategy == DOT_PROD:
-        cap_gpu = np.maximum(view.count, 1) * MILLI
-        cap_cpu = np.maximum(view.cpu_alloc, 1)
-        dot = (shape.cpu_milli / cap_cpu) * (view.cpu_free / cap_cpu) + (gpu_req / cap_gpu) * (gpu_total / cap_gpu)
-        return -dot, device
+        return _dot_prod(view, shape), device
     if strategy == PACKING:
-        whole_free = (view.free >= MILLI).sum(axis=1)
-        unused = whole_free == view.count
-        if share:
-            dev_free = view.free[np.arange(n), np.maximum(device, 0)]
-            on_used = dev_free < MILLI
-            s = np.where(on_used, 300.0 - dev_free / 10.0, np.where(unused, 100.0 - view.count, 200.0 - 1))
-        elif shape.gpu_count:
-            s = np.where(unused, 100.0 - view.count, 200.0 - shape.gpu_count)
-        else:
-            s = np.zeros(n)
-        return s, device
+        return _packing(view, shape, device), device
     raise ValueError(f"unknown GPU scoring strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+
+
+def _dot_prod(view: NodeView, shape: PodShape) -> np.ndarray:
+    """DotProd's score as the FGD simulator's ``DotProductScore`` with its experiment's
+    ``dimExtMethod: merge``, ``normMethod: max``: the node's free (CPU, GPU summed over devices)
+    and the pod's request, each divided by the largest node's (`MAX_SPEC_CPU_MILLI`,
+    `MAX_SPEC_GPU_MILLI`), their dot product halved, ``int(100 * (1 - dot))``; a float holding an
+    integer in [0, 100]."""
+    gpu_free = view.free.sum(axis=1).astype(np.float64)
+    dot = (shape.cpu_milli / MAX_SPEC_CPU_MILLI) * (view.cpu_free / MAX_SPEC_CPU_MILLI) \
+        + (shape.gpu_count * shape.gpu_milli / MAX_SPEC_GPU_MILLI) * (gpu_free / MAX_SPEC_GPU_MILLI)
+    return np.floor(100.0 * (1.0 - dot / 2.0))
+
+
+def _packing(view: NodeView, shape: PodShape, device: np.ndarray) -> np.ndarray:
+    """Packing's score as the FGD simulator's ``GpuPackingScore``, an integer in [0, 100] (as
+    float): 0 for a pod without GPU; on a node whose devices are all free, ``max(33 - devices,
+    devices)``; a share whose best-fit device is partly used, ``max(100 - (left * 100 // 1000) //
+    10, 50)`` (``left``: that device's free before); otherwise (wholly free devices of a partly
+    used node) ``max(50 - devices taken, 33)``."""
+    n = len(view.cpu_free)
+    if not shape.gpu_count:
+        return np.zeros(n)
+    whole_free = (view.free >= MILLI).sum(axis=1)
+    unused = whole_free == view.count
+    s = np.where(unused, np.maximum(33 - view.count, view.count), np.maximum(50 - shape.gpu_count, 33)).astype(np.float64)
+    if shape.share:
+        left = view.free[np.arange(n), np.maximum(device, 0)].astype(np.int64)
+        on_used = (left < MILLI) & ~unused
+        s = np.where(on_used, np.maximum(100 - (left * 100 // MILLI) // 10, 50), s)
+    return s
 
 
 def _best_fit(view: NodeView, shape: PodShape) -> np.ndarray:
@@ -229,10 +284,8 @@ def to_node_score(strategy: str, raw: np.ndarray) -> np.ndarray:
         out = 100.0 / (1.0 + np.exp(-np.clip(raw, -50_000, 50_000) / 1000.0))
     elif strategy == BEST_FIT:
         out = 100.0 * (1.0 + raw)
-    elif strategy == DOT_PROD:
-        out = 100.0 + 50.0 * raw
-    elif strategy == PACKING:
-        out = raw / 3.0
+    elif strategy in (DOT_PROD, PACKING):
+        out = np.floor(raw)
     else:
         out = np.zeros(len(raw))
     return np.clip(np.nan_to_num(out, nan=0.0, neginf=0.0), 0, 100).astype(np.int64)
@@ -261,8 +314,10 @@ def _frag(total, c, s, cpu_free, model, typical: TypicalPods, access: np.ndarray
 
 
 def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarray,
-         memory: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """FGD's score and device per row; ``memory``: typical pods also need their memory (FGDBestFit)."""
+         memory: bool = False, waste: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """FGD's score and device per row; ``memory``: typical pods also need their memory (FGDBestFit,
+    FGDPlus); ``waste`` (`TypicalPods.waste`): a share's device also pays `LEFTOVER_WEIGHT` per
+    thousandth its placement adds to the device's unfillable free (FGDPlus)."""
     n = len(view.cpu_free)
     mem = view.mem_free if memory else None
     free = view.free
@@ -283,6 +338,8 @@ def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarr
         s2 = s[:, None, :] - free[:, :, None] * ge + after_dev[:, :, None] * ge_a
         after = _frag((total - m)[:, None], c2, s2, cpu_after[:, None, :], view.model, typical, access,
                       None if mem_after is None else mem_after[:, None, :])
+        if waste is not None:
+            after = after + LEFTOVER_WEIGHT * (waste[np.clip(after_dev, 0, MILLI)] - waste[np.clip(free, 0, MILLI)])
         after = np.where(free >= m, after, np.inf)
         if memory:
             device = after.argmin(axis=1)
@@ -295,3 +352,24 @@ def _fgd(view: NodeView, shape: PodShape, typical: TypicalPods, access: np.ndarr
     else:
         after = _frag(total, c, s, cpu_after, view.model, typical, access, mem_after)
     return before - after, np.full(n, -1, np.int64)
+
+
+def model_pressure(typical: TypicalPods, models: Sequence[str], capacity: np.ndarray) -> np.ndarray:
+    """float64 (M + 1,): each model's contention (row ``code + 1``; row 0: unknown model): the
+    typical GPU demand constrained to a set of models that includes it, each shape's share of the
+    demand spread over its models' capacity, per share of the cluster's capacity.
+    ``capacity``: GPU thousandths per model code (M,)."""
+    demand = typical.weight * typical.count * typical.milli
+    total_demand = demand.sum()
+    out = np.zeros(len(models) + 1)
+    total_cap = capacity.sum()
+    if not total_demand or not total_cap:
+        return out
+    for k, allowed in enumerate(typical.models):
+        if not allowed or not demand[k]:
+            continue
+        codes = [i for i, m in enumerate(models) if m in allowed]
+        cap = capacity[codes].sum() if codes else 0
+        if cap:
+            out[np.array(codes) + 1] += (demand[k] / total_demand) / (cap / total_cap)
+    return out
