@@ -32,6 +32,11 @@ follow upstream's ``scheduler_perf.go``:
   into PodGroups does (``docs/gangs.md``). These workloads run with a profile that adds
   Coscheduling to the defaults (`GANG_CONFIG`; with ``--config``, its first profile must enable
   Coscheduling), as upstream's ``GenericWorkload`` gate adds its gang plugin;
+- ``createPods`` with ``persistentVolumeTemplatePath`` and ``persistentVolumeClaimTemplatePath``
+  (``volumes/``): each pod with its own claim bound to its own PV, and ``createNodes`` with
+  ``nodeAllocatableStrategy``: the nodes' attachable-volume allocatable and a CSINode per node,
+  as `shardsched.bench.perf_volumes` says; the PVs, claims and CSINodes are created in the
+  simulated cluster with the nodes, so the runtime's volume plugins decide with them;
 - ``createNamespaces``, ``barrier`` and ``waitForPodGroups``: nothing to do here (the simulated
   cluster needs no namespace objects; ops already run in order; the PodGroups exist before any pod).
 
@@ -40,9 +45,10 @@ from the workload's params) and upstream's integer functions (``DivideInt`` ...)
 (`_render`); a template with another action skips its workload with the reason. ``createPods``'
 count is ``countParam`` times ``countMultiplierParam``.
 
-What cannot be expressed is skipped with the reason (`classify`): ops this runner does not know,
-pods with scheduling gates (init pods are created bound here), and pods that need plugins
-shardsched does not implement (volumes, DynamicResources). A workload that runs but has
+What cannot be expressed is skipped with the reason (`plan`), which names the op or field and
+the file: ops and op fields this runner does not know, pods with scheduling gates (init pods are
+created bound here), pods that need plugins shardsched does not implement (DynamicResources), and
+pod templates naming claims of their own (no op here creates those). A workload that runs but has
 a part ignored is marked ``partial`` with a note (Services in churn, which upstream's default
 spreading constraints would read). Workloads that differ from another one only by kube-scheduler
 feature gates (same ops and params) are the same workload here and run once.
@@ -74,6 +80,7 @@ import yaml
 from shardsched.api.objects import POD_GROUP_LABEL, NodeInfo, PodInfo
 from shardsched.api.podgroup import API_VERSION as POD_GROUP_API_VERSION
 from shardsched.api.workloads import SPREAD_SELECTOR_KINDS, workload_selector_of
+from shardsched.bench import perf_volumes as vol
 from shardsched.bench.harness import (Measurement, Progress, RaySession, ended_early, fmt_bytes, fmt_rate, fmt_s,
                                       markdown_table, run_embedded)
 from shardsched.cache.node_table import NodeTable
@@ -151,14 +158,21 @@ DEFAULT_WORKLOADS = (
     "PreemptionBasic/5000Nodes",
     "PreemptionAsync/5000Nodes",
     "GangScheduling/5000Nodes_*",
+    "SchedulingSecrets/5000Nodes_10000Pods",
+    "SchedulingInTreePVs/5000Nodes_2000Pods",
+    "SchedulingMigratedInTreePVs/5000Nodes_5000Pods",
+    "SchedulingCSIPVs/5000Nodes_5000Pods",
+    "PreemptionPVs/1000Nodes",
 )
 
 RUN, PARTIAL, SKIP = "run", "partial", "skipped"
 _OPS = {"createNodes", "createPods", "churn", "createNamespaces", "barrier", "createAny", "waitForPodGroups"}
 _CREATE_ANY_KEYS = {"opcode", "templatePath", "namespace", "count", "countParam", "templateParams"}
-_CREATE_NODES_KEYS = {"opcode", "count", "countParam", "nodeTemplatePath", "labelNodePrepareStrategy"}
+_CREATE_NODES_KEYS = {"opcode", "count", "countParam", "nodeTemplatePath", "labelNodePrepareStrategy",
+                      vol.NODE_ALLOCATABLE}
 _CREATE_PODS_KEYS = {"opcode", "count", "countParam", "countMultiplierParam", "podTemplatePath", "collectMetrics",
-                     "namespace", "skipWaitToCompletion", "signatureBatchSizeParam", "templateParams"}
+                     "namespace", "skipWaitToCompletion", "signatureBatchSizeParam", "templateParams",
+                     vol.PV_TEMPLATE, vol.PVC_TEMPLATE}
 _CHURN_KEYS = {"opcode", "mode", "templatePaths", "intervalMilliseconds", "number", "namespace"}
 #: a template's ``{{ ... }}`` actions (Go text/template): ``.Name`` or ``Function .A .B``
 _ACTION = re.compile(r"{{\s*(.*?)\s*}}")
@@ -423,10 +437,13 @@ class Plan:
     #: scheduler-plugins PodGroups standing for the upstream PodGroups of ``createAny`` ops
     #: (`pod_group_of`)
     pod_groups: list[dict] = field(default_factory=list)
+    #: CSINodes, PersistentVolumes and claims of the volume options (`shardsched.bench.perf_volumes`)
+    storage: list[dict] = field(default_factory=list)
 
 
-def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
-    """(reasons to skip, reasons for partial) of a pod template."""
+def _pod_problems(pod: dict, claims_made: bool = False) -> tuple[list[str], list[str]]:
+    """(reasons to skip, reasons for partial) of a pod template; ``claims_made``: the op replaces
+    the template's volumes with claims it creates (`perf_volumes.bind_claim`)."""
     spec = pod.get("spec") or {}
     skip, partial = [], []
     if spec.get("schedulingGates"):
@@ -434,9 +451,10 @@ def _pod_problems(pod: dict) -> tuple[list[str], list[str]]:
                     "burst, so pods waiting on scheduling gates cannot be expressed")
     if spec.get("resourceClaims"):
         skip.append("resource claims need DynamicResources (not implemented)")
-    for v in spec.get("volumes") or []:
-        if any(k in v for k in ("persistentVolumeClaim", "ephemeral", "csi")):
-            skip.append("persistent volumes need the volume plugins (not implemented)")
+    for v in [] if claims_made else spec.get("volumes") or []:
+        if any(k in v for k in ("persistentVolumeClaim", "ephemeral")):
+            skip.append("pod templates with their own claims: no op of this runner creates the claims they "
+                        "name (the ops' persistentVolumeClaimTemplatePath does)")
             break
     return skip, partial
 
@@ -461,7 +479,7 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
     for i, op in enumerate(w.case.ops):
         code = op.get("opcode")
         if code not in _OPS:
-            skip.append(f"op {code} is not supported by this runner")
+            skip.append(f"op {code} is not supported by this runner ({w.case.source})")
             continue
         if code in ("createNamespaces", "barrier", "waitForPodGroups"):
             continue  # the PodGroups are in the cluster before any pod (`run_embedded`)
@@ -471,7 +489,7 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
             kind = template.get("kind")
             group = kind == "PodGroup" and str(template.get("apiVersion", "")).startswith(_WORKLOAD_API_GROUP)
             if set(op) - _CREATE_ANY_KEYS or not (kind in SPREAD_SELECTOR_KINDS or group):
-                skip.append(f"createAny of a {kind} is not supported by this runner")
+                skip.append(f"createAny of a {kind} is not supported by this runner ({w.case.source})")
                 continue
             if build:
                 ns = op.get("namespace") or f"namespace-{i}"
@@ -490,8 +508,14 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
         if code == "createNodes":
             extra = set(op) - _CREATE_NODES_KEYS
             if extra:
-                skip.append(f"createNodes option(s) {', '.join(sorted(extra))} not supported")
+                skip.append(f"createNodes option(s) {', '.join(sorted(extra))} not supported ({w.case.source})")
                 continue
+            strategy = op.get(vol.NODE_ALLOCATABLE)
+            if strategy is not None:
+                bad = vol.strategy_problems(strategy, w.case.source)
+                if bad:
+                    skip += bad
+                    continue
             path = (templates.path(w.case.base, op["nodeTemplatePath"]) if op.get("nodeTemplatePath")
                     else w.case.root / "templates" / "node-default.yaml")
             label = op.get("labelNodePrepareStrategy")
@@ -501,12 +525,16 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
                     node = _node(templates.stamp(path, k), start + k, "node-")
                     if label:  # upstream LabelNodePrepareStrategy: a random value of the list
                         node["metadata"]["labels"][label["labelKey"]] = rng.choice(label["labelValues"])
+                    csi_node = vol.apply_strategy(node, strategy) if strategy is not None else None
+                    if csi_node is not None:
+                        p.storage.append(csi_node)
                     p.nodes.append(node)
             continue
         if code == "churn":
             extra = set(op) - _CHURN_KEYS
             if extra or op.get("mode") not in ("create", "recreate"):
-                skip.append(f"churn mode {op.get('mode')} / option(s) {', '.join(sorted(extra))} not supported")
+                skip.append(f"churn mode {op.get('mode')} / option(s) {', '.join(sorted(extra))} not supported "
+                            f"({w.case.source})")
                 continue
             kinds = []
             for rel in op.get("templatePaths") or []:
@@ -526,12 +554,23 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
         # createPods
         extra = set(op) - _CREATE_PODS_KEYS
         if extra:
-            skip.append(f"createPods option(s) {', '.join(sorted(extra))} not supported")
+            skip.append(f"createPods option(s) {', '.join(sorted(extra))} not supported ({w.case.source})")
             continue
+        pv_path = pvc_path = None
+        if vol.PV_TEMPLATE in op or vol.PVC_TEMPLATE in op:
+            if not (op.get(vol.PV_TEMPLATE) and op.get(vol.PVC_TEMPLATE)):
+                skip.append(f"createPods needs both {vol.PV_TEMPLATE} and {vol.PVC_TEMPLATE} ({w.case.source})")
+                continue
+            pv_path = templates.path(w.case.base, op[vol.PV_TEMPLATE])
+            pvc_path = templates.path(w.case.base, op[vol.PVC_TEMPLATE])
+            bad = vol.template_problems(templates.get(pv_path), templates.get(pvc_path), w.case.source)
+            if bad:
+                skip += bad
+                continue
         # upstream falls back to makeBasePod(), which is pod-default.yaml
         rel = op.get("podTemplatePath") or w.case.default_pod_template
         path = templates.path(w.case.base, rel) if rel else w.case.root / "templates" / "pod-default.yaml"
-        s, pt = _pod_problems(templates.get(path))
+        s, pt = _pod_problems(templates.get(path), claims_made=pv_path is not None)
         skip += s
         partial += pt
         if measured_seen:
@@ -550,6 +589,10 @@ def _plan(w: Workload, templates: _Templates, scheduler_name: str, seed: int, bu
                 pod["metadata"]["namespace"] = ns
                 pod.setdefault("spec", {}).setdefault("schedulerName", scheduler_name)
                 _join_pod_group(pod)
+                if pv_path is not None:
+                    pv, pvc = templates.stamp(pv_path, k), templates.stamp(pvc_path, k)
+                    vol.bind_claim(pod, pv, pvc, ns, k)
+                    p.storage += [pvc, pv]  # the claim first, as upstream creates them
                 target.append(pod)
     if not measured_seen and not skip:
         skip.append("no createPods op with collectMetrics")
@@ -590,13 +633,15 @@ def catalog(workloads: list[Workload], scheduler_name: str = "default-scheduler"
 # ---------------------------------------------------------------------------------- running
 
 def place_init_pods(config: SchedulerConfiguration, nodes: list[dict], pods: list[dict], seed: int,
-                    spread_selectors: list[dict] = ()) -> int:
+                    spread_selectors: list[dict] = (), storage: list[dict] = ()) -> int:
     """Bind the init pods in place (``spec.nodeName``) with the decision path over ``nodes`` (and the
     default spreading selectors of ``spread_selectors``); returns how many did not fit (left
     unbound: they would stay pending upstream too)."""
     table = NodeTable(len(nodes))
     table.add_nodes(NodeInfo.from_object(n) for n in nodes)
     table.set_spread_selectors([workload_selector_of(o) for o in spread_selectors])
+    if storage:  # the volume plugins read them (without storage they hold pods with claims)
+        table.volumes = vol.catalog_of(storage)
     schedulers = build_schedulers(config, table, seed)
     default = next(iter(schedulers.values()))
     missed = 0
@@ -740,6 +785,8 @@ class PerfResult:
     #: PodGroups of the workload, and the coordinator's count of gangs held whole in the ledger in the ledger (PodGroups)
     pod_groups: int = 0
     gangs_placed: int = 0
+    #: storage objects created with the nodes: PersistentVolumes, claims, CSINodes
+    storage_objects: int = 0
     measurement: Measurement | None = None
 
     @property
@@ -755,7 +802,7 @@ class PerfResult:
                 "reasons": self.reasons, "threshold_pods_per_s": thr, "nodes": self.nodes, "init_pods": self.init_pods,
                 "init_pods_unplaced": self.init_unplaced, "churn_objects": self.churn_objects,
                 "preemptions": self.preemptions, "victims": self.victims, "pod_groups": self.pod_groups,
-                "gangs_placed": self.gangs_placed,
+                "gangs_placed": self.gangs_placed, "storage_objects": self.storage_objects,
                 "preemptions_per_s": round(self.preemptions_per_s, 1),
                 "victims_per_preemptor": round(self.victims / self.preemptions, 2) if self.preemptions else None,
                 "vs_threshold": round(m.throughput_pods_per_s / thr, 3) if m and thr else None,
@@ -809,7 +856,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, gang_config: Scheduler
             progress.note(f"{w.full_name}: skipped: {why}")
             return PerfResult(w, SKIP, [why])
         config = gang_config
-    unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed, p.spread_selectors)
+    unplaced = place_init_pods(config, p.nodes, p.init_pods, params.seed, p.spread_selectors, p.storage)
     init = [pod for pod in p.init_pods if pod["spec"].get("nodeName")]
     # init pods at t=0, the measured ones in one later call (the runtime's timed feeder), so that
     # they share one creation time and the window is exactly creation -> last bind
@@ -822,7 +869,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, gang_config: Scheduler
         workload.append((tail_s, None, _sentinel(p.nodes[0]["metadata"]["name"], scheduler_name)))
     churn = _ChurnDriver(p.churn, templates, scheduler_name, len(p.measured), after_created=len(init))
     options = ray_session.options(shards=params.shards, seed=params.seed, timeout_s=params.timeout_s,
-                                  spread_selectors=p.spread_selectors, pod_groups=p.pod_groups,
+                                  spread_selectors=p.spread_selectors, pod_groups=p.pod_groups, storage=p.storage,
                                   shard_options=ShardOptions(batch_size=params.batch_size,
                                                              max_batch_size=params.max_batch_size, seed=params.seed))
 
@@ -854,7 +901,7 @@ def _run_one(w: Workload, config: SchedulerConfiguration, gang_config: Scheduler
     progress.finish(w.full_name, m)
     return PerfResult(w, p.status, p.reasons, len(p.nodes), len(init), unplaced, churn.created,
                       int(last.get("preemptions", 0)), int(last.get("victims", 0)), len(p.pod_groups),
-                      int(last.get("gangs_placed", 0)), m)
+                      int(last.get("gangs_placed", 0)), len(p.storage), m)
 
 
 # ------------------------------------------------------------------------------------ output
@@ -878,6 +925,7 @@ def markdown(results: list[PerfResult], cat: list[dict], params: PerfParams) -> 
         note = "; ".join(r.reasons + m.errors + unbound
                          + ([f"{r.init_unplaced} init pods did not fit"] if r.init_unplaced else [])
                          + ([f"{r.churn_objects} churn objects"] if r.churn_objects else [])
+                         + ([f"{r.storage_objects:,} PVs, claims and CSINodes"] if r.storage_objects else [])
                          + ([f"{r.gangs_placed:,}/{r.pod_groups:,} gangs held whole"] if r.pod_groups else [])
                          + ([f"{r.preemptions:,} preemptions ({r.preemptions_per_s:,.1f}/s), "
                              f"{r.victims / r.preemptions:.2f} victims each"] if r.preemptions else []))

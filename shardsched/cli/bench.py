@@ -232,8 +232,9 @@ def field(**kw) -> None:
               help="Workload to run, TestCase/workload, glob allowed (repeatable); default: the performance-size "
                    "workloads of SchedulingBasic, SchedulingNodeAffinity, SchedulingWithNodeInclusionPolicy, "
                    "Unschedulable, SchedulingWithMixedChurn, SchedulingWithExtendedResource, HostPortConflict, "
-                   "PreemptionBasic (5000Nodes, commented out upstream), PreemptionAsync and GangScheduling "
-                   "(--list marks them).")
+                   "PreemptionBasic (5000Nodes, commented out upstream), PreemptionAsync, GangScheduling, "
+                   "SchedulingSecrets, SchedulingInTreePVs, SchedulingMigratedInTreePVs, SchedulingCSIPVs and "
+                   "PreemptionPVs (--list marks them).")
 @click.option("--list", "list_only", is_flag=True, help="List every workload of the configs with its status and exit.")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Folder of kube-scheduler's scheduler_perf workloads, copied from the kubernetes repository's "

@@ -113,6 +113,8 @@ class EmbeddedRun:
         self.cluster.create_nodes(self.nodes).wait(None)
         wait_all([self.cluster.put_spread_selector(obj) for obj in o.spread_selectors], None)
         wait_all([self.cluster.create_pod_group(obj) for obj in o.pod_groups], None)
+        if o.storage:
+            self.cluster.create_volume_objects(o.storage).wait(None)
         self._start_coordinator(adopt=False)
         self.meter.add(self.cluster.pid().wait(None), "cluster")
         if o.metrics_port:

@@ -175,3 +175,7 @@ class RunOptions:
     spread_selectors: list[dict] = field(default_factory=list)
     #: PodGroups (scheduler-plugins') put into the simulated cluster with the nodes, before any pod
     pod_groups: list[dict] = field(default_factory=list)
+    #: storage objects (PersistentVolumes, claims, StorageClasses, CSINodes, CSIStorageCapacities)
+    #: created in the simulated cluster with the nodes, in order, before any pod
+    #: (`SimCluster.create_volume_objects`)
+    storage: list[dict] = field(default_factory=list)

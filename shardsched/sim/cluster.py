@@ -364,6 +364,12 @@ class SimCluster:
         with self._locked():
             return self._storage.create(obj)
 
+    def create_volume_objects(self, objs: Iterable[Any]) -> list[dict]:
+        """Create storage objects in order, then let the PV controller work once
+        (`SimVolumes.create_many`). Raises: Invalid, AlreadyExists (the objects before it created)."""
+        with self._locked():
+            return self._storage.create_many(objs)
+
     def update_volume_object(self, obj: Any) -> dict:
         """Replace a storage object (uid kept), then run the PV controller. Raises: NotFound, Invalid."""
         with self._locked():
