@@ -285,8 +285,9 @@ def build_verdict(run: "ChaosRun", report: "RunReport") -> Verdict:
         "overcommitted_nodes": len(over_nodes), "double_binds": double, "stale_token_binds": len(stale),
         "lost_pods": len(lost), "recovery_s": max(recoveries) if recoveries else None,
         "pods_per_s": pods_per_s,
-        #: our pods bound in each second of the run, from the start of the workload
-        "binds_per_second": np.bincount(times.astype(int)).tolist() if len(times) else [],
+        #: our pods bound in each second of the run, from the start of the workload (binds before
+        #: it, of pods set up with the cluster such as a scenario's replica sets, count in second 0)
+        "binds_per_second": np.bincount(np.clip(times, 0, None).astype(int)).tolist() if len(times) else [],
         "pods": {"total": report.pods_total, "bound": len(times),
                  "unbound": len(unbound), "unschedulable": int(status.get("unschedulable", 0)),
                  "pending": int(status.get("pending", 0)) - int(status.get("unschedulable", 0))},
