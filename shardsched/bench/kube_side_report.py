@@ -9,9 +9,10 @@ milliseconds, pods/s, MiB and cores as their names say. No function here reads a
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Iterable, Mapping
+
+import numpy as np
 
 #: the scheduler variants, in the order of the table's columns
 KUBE = "kube-scheduler"
@@ -21,20 +22,15 @@ VARIANTS = (KUBE, THREADS, RAY)
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) of ``values`` by linear interpolation between the closest
-    ranks (numpy's default method); None for no values.
+    """The ``q``-th percentile (0-100) of ``values``, as `numpy.percentile` (linear interpolation
+    between the closest ranks); None for no values.
 
     Raises: ValueError when ``q`` is outside [0, 100].
     """
     if not 0 <= q <= 100:
         raise ValueError(f"percentile {q} is outside [0, 100]")
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    xs = list(values)
+    return float(np.percentile(xs, q)) if xs else None
 
 
 def p50_p99_ms(seconds: Iterable[float]) -> dict:
